@@ -1,0 +1,30 @@
+"""Packaging for RapidGPT: the `rapidgpt` library and its console script."""
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+VERSION = re.search(r'__version__ = "([^"]+)"',
+                    (Path(__file__).parent / "rapidgpt" / "__init__.py").read_text()).group(1)
+
+setup(
+    name="rapidgpt",
+    version=VERSION,
+    description="Megatron-style white-box LLM trainer template library on MindSpore",
+    long_description=(Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["rapidgpt", "rapidgpt.*"]),
+    install_requires=[
+        "mindspore==2.10.0",
+        "numpy<2",          # MindSpore 2.10's compiled modules break with numpy 2.x
+        "regex",            # GPT-2's pre-tokenization pattern needs \p{L}/\p{N}
+        "tqdm",
+        "tensorboardX",
+    ],
+    extras_require={
+        # `tokenizers` is only a test oracle: HF's Rust byte-level BPE checks ours token for token.
+        "test": ["pytest", "tokenizers"],
+    },
+    entry_points={"console_scripts": ["rapidgpt = rapidgpt.cli:main"]},
+)

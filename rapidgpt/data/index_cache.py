@@ -1,0 +1,59 @@
+"""On-disk cache of dataset index arrays (`.npy`), keyed by a hash of every setting that shapes them.
+
+Index arrays (document/sample/shuffle/blending indices) take seconds to minutes to build for a
+large corpus, so they are built once and memory-mapped afterwards. In a multi-rank run one rank
+builds while the others wait at a barrier, then everyone maps the same files.
+"""
+import hashlib
+import json
+import os
+
+import numpy as np
+
+
+def description_hash(description):
+    """md5 of the JSON of `description`: equal settings give equal cache names, any change a new one."""
+    text = json.dumps(description, sort_keys=True, indent=1)
+    return hashlib.md5(text.encode("utf-8")).hexdigest(), text
+
+
+def _save_atomically(path, array):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+    os.replace(tmp, path)   # readers never see a half-written .npy
+
+
+def cached_arrays(cache_dir, kind, description, names, build, build_on_this_rank=True, barrier=None):
+    """Return `{name: array}` for `names`, memory-mapped from `cache_dir`, building them if missing.
+
+    `build()` returns the dict of arrays; it runs only on the building rank and only when some
+    file is missing. Every rank calls `barrier()` exactly once, whether or not it built, so the
+    collective stays matched even when ranks see the cache differently.
+    Returns `(arrays, key, built)`: the mapped arrays, the settings hash that names them, and
+    whether this call built them.
+    """
+    digest, text = description_hash(description)
+    paths = {name: os.path.join(cache_dir, f"{digest}-{kind}-{name}.npy") for name in names}
+    built = False
+    if build_on_this_rank and not all(os.path.isfile(p) for p in paths.values()):
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            with open(os.path.join(cache_dir, f"{digest}-{kind}-description.txt"), "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise OSError(f"cannot write the dataset index cache in {cache_dir} ({e.strerror}); "
+                          f"point --data-cache-path at a writable directory") from e
+        arrays = build()
+        for name in names:
+            _save_atomically(paths[name], arrays[name])
+        built = True
+    if barrier is not None:
+        barrier()
+    missing = [p for p in paths.values() if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError(
+            f"dataset index cache file {missing[0]} was not built; the building rank must share "
+            f"--data-cache-path with this rank (use a directory visible to every rank)")
+    arrays = {name: np.load(path, mmap_mode="r", allow_pickle=False) for name, path in paths.items()}
+    return arrays, digest, built

@@ -1,0 +1,204 @@
+"""GPTDataset indexing against Megatron's algorithm, hand-computed samples, and the index cache."""
+import numpy as np
+import pytest
+
+import megatron_reference as ref
+from rapidgpt.data.gpt_dataset import (GPTDataset, GPTDatasetConfig, build_gpt_indices,
+                                       build_sample_index, ltor_masks_and_position_ids,
+                                       num_epochs_needed, split_boundaries)
+from rapidgpt.data.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
+
+def write_corpus(prefix, documents, dtype=np.uint16):
+    b = IndexedDatasetBuilder(prefix + ".bin", dtype)
+    for doc in documents:
+        b.add_item(np.asarray(doc))
+        b.end_document()
+    b.finalize(prefix + ".idx")
+    return IndexedDataset(prefix)
+
+
+@pytest.fixture
+def hand_corpus(tmp_path):
+    """Three documents: lengths 3, 5, 2, token values that say where they come from."""
+    docs = [[10, 11, 12], [20, 21, 22, 23, 24], [30, 31]]
+    return write_corpus(str(tmp_path / "hand"), docs), docs
+
+
+def test_split_boundaries_megatron_rounding():
+    assert split_boundaries("969,30,1", 1000) == [0, 969, 999, 1000]
+    assert split_boundaries("969, 30, 1", 10) == [0, 10, 10, 10]
+    # round(5.6)=6, round(0.7)=1, round(0.7)=1 -> [0, 6, 7, 8]; the drift of 1 comes off every bound
+    assert split_boundaries("8,1,1", 7) == [0, 5, 6, 7]
+    assert split_boundaries("98/2", 100) == [0, 98, 100, 100]
+    assert split_boundaries("1", 5) == [0, 5, 5, 5]
+
+
+@pytest.mark.parametrize("bad", ["a,b", "1,2,3,4", "-1,2", "0,0,0", ""])
+def test_split_rejects_bad_string(bad):
+    with pytest.raises(ValueError, match=r"--split .*expected up to three non-negative weights"):
+        split_boundaries(bad, 10)
+
+
+@pytest.mark.parametrize("tokens,seq,n", [(10, 4, 1), (10, 4, 2), (10, 4, 3), (10, 4, 7),
+                                          (1000, 128, 50), (7, 3, 100), (5, 5, 0)])
+def test_num_epochs_matches_loop(tokens, seq, n):
+    assert num_epochs_needed(tokens, seq, n) == ref.num_epochs(tokens, seq, n)
+
+
+def test_sample_boundaries_hand_computed(hand_corpus):
+    """Stream 10 11 12 20 21 22 23 24 30 31, seq_length 3: samples of 4 tokens, overlap 1."""
+    ds, docs = hand_corpus
+    document_index = np.array([0, 1, 2])                 # unshuffled, one epoch
+    sample_index = build_sample_index(ds.sequence_lengths, document_index, 3, 1, 10)
+    # (10 - 1) // 3 = 3 samples: [10 11 12 20] [20 21 22 23] [23 24 30 31]
+    assert sample_index.tolist() == [[0, 0], [1, 0], [1, 3], [2, 1]]
+
+
+def test_samples_hand_computed(hand_corpus, tmp_path):
+    ds, _ = hand_corpus
+    config = GPTDatasetConfig(seq_length=3, seed=1, data_cache_path=str(tmp_path / "cache"))
+    gpt = GPTDataset(ds, "train", np.arange(3), 3, config)
+    # Megatron's shuffling: document order and sample order from RandomState(1).
+    doc_order, _, shuffle = ref.index_mappings(ds.sequence_lengths, np.arange(3), 3, 3, 1)
+    stream = np.concatenate([ds[int(d)] for d in doc_order])
+    expected = [stream[3 * j: 3 * j + 4] for j in range(3)]
+    for i in range(3):
+        item = gpt[i]
+        want = expected[int(shuffle[i])]
+        assert item["tokens"].tolist() == want[:-1].tolist()
+        assert item["labels"].tolist() == want[1:].tolist()
+        assert item["position_ids"].tolist() == [0, 1, 2]
+        assert item["loss_mask"].tolist() == [1, 1, 1]
+        assert "attention_mask" not in item
+    assert len(gpt) == 3
+
+
+def _random_sizes(rng, n, zero_share=0.1):
+    sizes = rng.integers(1, 60, size=n).astype(np.int32)
+    sizes[rng.random(n) < zero_share] = 0
+    sizes[0] = max(sizes[0], 1)
+    return sizes
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_indices_equal_megatron_reference(case):
+    rng = np.random.default_rng(case)
+    sizes = _random_sizes(rng, int(rng.integers(5, 80)))
+    lo = int(rng.integers(0, 3))
+    documents = np.arange(lo, len(sizes), dtype=np.int32)
+    if sizes[documents].sum() < 2:
+        sizes[documents[0]] = 5
+    seq = int(rng.integers(1, 40))
+    # Sample counts from a fraction of one epoch to several epochs, hitting both final-epoch rules.
+    tokens = int(sizes[documents].sum())
+    num_samples = max(1, int(tokens / seq * rng.choice([0.3, 1.0, 1.5, 2.1, 3.9])))
+    seed = int(rng.integers(0, 10000))
+    ours = build_gpt_indices(sizes, documents, num_samples, seq, seed)
+    doc_idx, sample_idx, shuffle_idx = ref.index_mappings(sizes, documents, num_samples, seq, seed)
+    np.testing.assert_array_equal(ours["document_index"], doc_idx)
+    np.testing.assert_array_equal(ours["sample_index"], sample_idx)
+    np.testing.assert_array_equal(ours["shuffle_index"], shuffle_idx)
+    assert ours["shuffle_index"].dtype == np.uint32
+
+
+def test_separate_final_epoch_rule_exercised():
+    """A count needing just past one epoch shuffles the final epoch apart (Megatron's 80% rule)."""
+    sizes = np.full(50, 10, np.int32)
+    documents = np.arange(50)
+    per_epoch = (500 - 1) // 10
+    ours = build_gpt_indices(sizes, documents, per_epoch + 5, 10, 3)
+    _, _, shuffle_idx = ref.index_mappings(sizes, documents, per_epoch + 5, 10, 3)
+    np.testing.assert_array_equal(ours["shuffle_index"], shuffle_idx)
+    # The first ((2*500 - 1) // 10 - ...) samples are a permutation of the first epoch's samples.
+    before_final = (500 - 1) // 10
+    assert sorted(ours["shuffle_index"][:before_final].tolist()) == list(range(before_final))
+    assert set(ours["document_index"][:50].tolist()) == set(range(50))   # epochs shuffled apart
+
+
+def test_sample_index_with_token_counts_past_int32():
+    sizes = np.array([2**30, 2**30, 2**30, 3], np.int32)
+    ours = build_sample_index(sizes, np.array([0, 1, 2, 3]), 2**28, 1, 3 * 2**30 + 3)
+    expected = ref.sample_index(sizes, np.array([0, 1, 2, 3]), 2**28, 1, 3 * 2**30 + 3)
+    np.testing.assert_array_equal(ours, expected)
+
+
+@pytest.mark.parametrize("reset_pos,reset_att,mask_eod", [(False, False, True), (True, False, False),
+                                                          (False, True, False), (True, True, True)])
+def test_masks_and_positions_match_megatron(reset_pos, reset_att, mask_eod):
+    tokens = np.array([5, 0, 7, 8, 0, 0, 9, 4], np.int32)        # eod = 0, also back to back
+    loss, pos, att = ltor_masks_and_position_ids(tokens, 0, mask_eod, reset_pos, reset_att)
+    ref_att, ref_loss, ref_pos = ref.ltor_masks(tokens, 0, reset_pos, reset_att, mask_eod)
+    np.testing.assert_array_equal(loss, ref_loss)
+    np.testing.assert_array_equal(pos, ref_pos)
+    if reset_att:
+        np.testing.assert_array_equal(att, ref_att)
+    else:
+        assert att is None
+
+
+def test_getitem_applies_eod_settings(tmp_path):
+    ds = write_corpus(str(tmp_path / "eod"), [[1, 2, 0], [3, 4, 5, 0], [6, 0]])
+    config = GPTDatasetConfig(seq_length=8, seed=0, eod=0, eod_mask_loss=True, reset_position_ids=True,
+                              reset_attention_mask=True, data_cache_path=str(tmp_path / "c"))
+    item = GPTDataset(ds, "train", np.arange(3), None, config)[0]
+    tokens = item["tokens"]
+    ref_att, ref_loss, ref_pos = ref.ltor_masks(tokens, 0, True, True, True)
+    np.testing.assert_array_equal(item["loss_mask"], ref_loss)
+    np.testing.assert_array_equal(item["position_ids"], ref_pos)
+    np.testing.assert_array_equal(item["attention_mask"], ref_att)
+    assert item["tokens"].dtype == np.int32 and item["attention_mask"].shape == (1, 8, 8)
+
+
+# ---- cache --------------------------------------------------------------------------------------
+
+class CountingBarrier:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+
+
+def test_cache_reused_then_rebuilt_on_setting_change(hand_corpus, tmp_path):
+    ds, _ = hand_corpus
+    cache = str(tmp_path / "cache")
+    config = GPTDatasetConfig(seq_length=3, seed=5, data_cache_path=cache)
+    first = GPTDataset(ds, "train", np.arange(3), 6, config)
+    assert first.built_cache
+    second = GPTDataset(ds, "train", np.arange(3), 6, config)
+    assert not second.built_cache and second.cache_key == first.cache_key
+    assert isinstance(second.sample_index, np.memmap)
+    np.testing.assert_array_equal(second.shuffle_index, first.shuffle_index)
+    for change in (dict(seed=6), dict(seq_length=2)):
+        other = GPTDataset(ds, "train", np.arange(3), 6,
+                           GPTDatasetConfig(**{**dict(seq_length=3, seed=5, data_cache_path=cache), **change}))
+        assert other.built_cache and other.cache_key != first.cache_key
+    assert GPTDataset(ds, "train", np.arange(3), 7, config).built_cache     # num_samples
+    assert GPTDataset(ds, "valid", np.arange(3), 6, config).built_cache     # split
+    assert GPTDataset(ds, "train", np.arange(2), 6, config).built_cache     # documents
+
+
+def test_cache_defaults_beside_the_data(hand_corpus, tmp_path):
+    ds, _ = hand_corpus
+    gpt = GPTDataset(ds, "train", np.arange(3), 2, GPTDatasetConfig(seq_length=3))
+    assert gpt.cache_dir == str(tmp_path / "cache" / "GPTDataset_indices")
+
+
+def test_one_rank_builds_others_wait(hand_corpus, tmp_path):
+    ds, _ = hand_corpus
+    config = GPTDatasetConfig(seq_length=3, data_cache_path=str(tmp_path / "c"))
+    barrier = CountingBarrier()
+    with pytest.raises(FileNotFoundError, match="was not built; the building rank must share"):
+        GPTDataset(ds, "train", np.arange(3), 2, config, build_on_this_rank=False, barrier=barrier)
+    assert barrier.calls == 1
+    builder = GPTDataset(ds, "train", np.arange(3), 2, config, build_on_this_rank=True, barrier=barrier)
+    follower = GPTDataset(ds, "train", np.arange(3), 2, config, build_on_this_rank=False, barrier=barrier)
+    assert builder.built_cache and not follower.built_cache and barrier.calls == 3
+    np.testing.assert_array_equal(follower.sample_index, builder.sample_index)
+
+
+def test_empty_split_is_a_clear_error(hand_corpus, tmp_path):
+    ds, _ = hand_corpus
+    with pytest.raises(ValueError, match="the valid split of .* has no documents; change --split"):
+        GPTDataset(ds, "valid", np.arange(0), 2, GPTDatasetConfig(seq_length=3))

@@ -186,6 +186,7 @@ class GPTDataset:
         self.indexed_dataset = indexed_dataset
         self.split = split
         self.config = config
+        self.num_samples = num_samples       # requested; len(self) may be larger (whole epochs)
         documents = np.asarray(documents)
         if len(documents) == 0:
             raise ValueError(f"the {split} split of {indexed_dataset.path_prefix} has no documents; "

@@ -214,23 +214,23 @@ class GPTDataset:
         return self.sample_index.shape[0] - 1
 
     def sample_tokens(self, idx):
-        """The `seq_length + 1` tokens of sample `idx` (after shuffling), int64."""
+        """The `seq_length + 1` tokens of sample `idx` (after shuffling), int32."""
         j = int(self.shuffle_index[idx])
-        (first_doc, first_offset), (last_doc, last_offset) = self.sample_index[j], self.sample_index[j + 1]
-        get = self.indexed_dataset.get
+        first_doc, first_offset, last_doc, last_offset = self.sample_index[j:j + 2].ravel().tolist()
+        get, documents = self.indexed_dataset.get, self.document_index
         if first_doc == last_doc:
-            pieces = [get(self.document_index[first_doc], first_offset, last_offset - first_offset + 1)]
-        else:
-            pieces = [get(self.document_index[first_doc], first_offset)]
-            pieces += [get(self.document_index[d]) for d in range(first_doc + 1, last_doc)]
-            pieces.append(get(self.document_index[last_doc], 0, last_offset + 1))
-        return np.concatenate(pieces).astype(np.int64)
+            return get(documents[first_doc], first_offset, last_offset - first_offset + 1).astype(np.int32)
+        pieces = [get(documents[first_doc], first_offset)]
+        pieces += [get(documents[d]) for d in range(first_doc + 1, last_doc)]
+        pieces.append(get(documents[last_doc], 0, last_offset + 1))
+        return np.concatenate(pieces).astype(np.int32)
 
     def __getitem__(self, idx):
-        if not -len(self) <= idx < len(self):
-            raise IndexError(f"sample {idx} out of range ({len(self)} samples)")
-        sample = self.sample_tokens(idx % len(self))
-        tokens, labels = sample[:-1].astype(np.int32), sample[1:].astype(np.int32)
+        n = len(self)
+        if not -n <= idx < n:
+            raise IndexError(f"sample {idx} out of range ({n} samples)")
+        sample = self.sample_tokens(idx % n)
+        tokens, labels = sample[:-1], sample[1:]
         c = self.config
         loss_mask, position_ids, attention_mask = ltor_masks_and_position_ids(
             tokens, c.eod, c.eod_mask_loss, c.reset_position_ids, c.reset_attention_mask)

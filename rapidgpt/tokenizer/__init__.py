@@ -1,0 +1,29 @@
+"""Tokenizers with Megatron's interface, and `build_tokenizer` to pick one from the flags."""
+from rapidgpt.tokenizer.bert_wordpiece import BertWordPieceTokenizer
+from rapidgpt.tokenizer.bpe_trainer import save_gpt2_format, train_byte_level_bpe
+from rapidgpt.tokenizer.gpt2_bpe import GPT2BPETokenizer
+
+__all__ = ["BertWordPieceTokenizer", "GPT2BPETokenizer", "build_tokenizer",
+           "save_gpt2_format", "train_byte_level_bpe"]
+
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase")
+
+
+def build_tokenizer(args):
+    """Build the tokenizer named by --tokenizer-type from --vocab-file (and --merge-file)."""
+    kind = getattr(args, "tokenizer_type", None)
+    vocab_file = getattr(args, "vocab_file", None)
+    merge_file = getattr(args, "merge_file", None)
+    if kind not in TOKENIZER_TYPES:
+        raise ValueError(f"unknown --tokenizer-type {kind!r}: choose one of "
+                         f"{', '.join(TOKENIZER_TYPES)}")
+    if vocab_file is None:
+        what = "vocab.json" if kind == "GPT2BPETokenizer" else "vocab.txt"
+        raise ValueError(f"--vocab-file is required for --tokenizer-type {kind}: pass the "
+                         f"tokenizer's {what}")
+    if kind == "GPT2BPETokenizer":
+        if merge_file is None:
+            raise ValueError(f"--merge-file is required for --tokenizer-type {kind}: pass "
+                             f"the merges.txt that goes with --vocab-file")
+        return GPT2BPETokenizer(vocab_file, merge_file)
+    return BertWordPieceTokenizer(vocab_file, lower_case=(kind == "BertWordPieceLowerCase"))

@@ -1,0 +1,112 @@
+"""Train a GPT-2 style byte-level BPE tokenizer: writes vocab.json and merges.txt.
+
+    python data_tools/train_tokenizer.py --input corpus.jsonl --vocab-size 32000 \
+        --output-dir my_tokenizer --workers 4
+
+Input is streamed line by line: jsonl (one JSON object per line; the --json-keys fields
+are the text) or plain text. The training itself lives in rapidgpt.tokenizer.bpe_trainer;
+this script only reads files and reports.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+try:
+    import rapidgpt  # noqa: F401
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tqdm import tqdm
+
+from rapidgpt.tokenizer.bpe_trainer import save_gpt2_format, train_byte_level_bpe
+
+# Plain text is handed to the trainer in blocks of whole lines of about this size, so that
+# whitespace runs spanning lines ("\n\n") are learned as they appear in documents.
+_TEXT_BLOCK_BYTES = 1 << 20
+
+
+def _jsonl_texts(path, f, json_keys, progress):
+    for lineno, line in enumerate(f, 1):
+        progress.update(len(line))
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError on bad UTF-8
+            raise ValueError(f"{path}:{lineno}: invalid JSON line: {e}") from None
+        for key in json_keys:
+            text = record.get(key) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object with a string "
+                                 f"field {key!r} (see --json-keys)")
+            yield text
+
+
+def _plain_texts(path, f, progress):
+    block, size = [], 0
+    for lineno, line in enumerate(f, 1):
+        progress.update(len(line))
+        try:
+            block.append(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not valid UTF-8: {e}") from None
+        size += len(line)
+        if size >= _TEXT_BLOCK_BYTES:
+            yield "".join(block)
+            block, size = [], 0
+    if block:
+        yield "".join(block)
+
+
+def iter_texts(paths, input_format, json_keys):
+    """Yield the texts of all input files, with a byte-count progress bar over all of them."""
+    with tqdm(total=sum(os.path.getsize(p) for p in paths), desc="reading", unit="B",
+              unit_scale=True) as progress:
+        for path in paths:
+            fmt = input_format
+            if fmt == "auto":
+                fmt = "jsonl" if path.endswith((".jsonl", ".json")) else "text"
+            with open(path, "rb") as f:  # bytes: progress in bytes, and we decode ourselves
+                if fmt == "jsonl":
+                    yield from _jsonl_texts(path, f, json_keys, progress)
+                else:
+                    yield from _plain_texts(path, f, progress)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--input", nargs="+", required=True, metavar="FILE",
+                        help="input files (jsonl or plain text)")
+    parser.add_argument("--input-format", choices=("auto", "jsonl", "text"), default="auto",
+                        help="auto: .jsonl/.json files are jsonl, others plain text")
+    parser.add_argument("--json-keys", nargs="+", default=["text"],
+                        help="jsonl fields that hold text (default: text)")
+    parser.add_argument("--vocab-size", type=int, required=True,
+                        help="total vocab size: 256 byte tokens + merges + <|endoftext|>")
+    parser.add_argument("--output-dir", required=True,
+                        help="directory for vocab.json and merges.txt")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes for counting words (the result does not depend on it)")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    try:
+        for path in args.input:
+            if not os.path.isfile(path):
+                raise ValueError(f"input file not found: {path}")
+        vocab, merges = train_byte_level_bpe(
+            iter_texts(args.input, args.input_format, args.json_keys), args.vocab_size,
+            show_progress=True, workers=args.workers)
+    except ValueError as e:
+        raise SystemExit(f"train_tokenizer.py: error: {e}") from None
+    vocab_path, merges_path = save_gpt2_format(vocab, merges, args.output_dir)
+    print(f"learned {len(merges)} merges (vocab size {len(vocab)}) in "
+          f"{time.perf_counter() - start:.1f}s")
+    print(f"wrote {vocab_path} and {merges_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+"""Small helpers shared across packages."""
+from collections import deque
+
+
+def bounded_imap(pool, fn, items, max_in_flight):
+    """`pool.imap(fn, items)` in order, but with at most `max_in_flight` tasks submitted.
+
+    `Pool.imap` drains its whole input into the task queue at once, so on a corpus larger than
+    RAM it would hold the corpus in memory; this keeps memory flat and the output order fixed.
+    """
+    in_flight = deque()
+    for item in items:
+        in_flight.append(pool.apply_async(fn, (item,)))
+        if len(in_flight) >= max_in_flight:
+            yield in_flight.popleft().get()
+    while in_flight:
+        yield in_flight.popleft().get()

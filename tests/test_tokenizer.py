@@ -1,0 +1,359 @@
+"""Tokenizer tests: byte-level BPE (trainer + tokenizer), BERT WordPiece, build_tokenizer, CLI.
+
+The BPE vocabulary is trained here on the English docs of `pydoc_data.topics`, and the
+tokenizer is checked token for token against two independent implementations: GPT-2's
+original readable algorithm (written below) and HF tokenizers' Rust ByteLevelBPETokenizer.
+"""
+import json
+import os
+import sys
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import regex
+from pydoc_data.topics import topics
+from tokenizers import ByteLevelBPETokenizer
+
+from rapidgpt.tokenizer import (BertWordPieceTokenizer, GPT2BPETokenizer, build_tokenizer,
+                                save_gpt2_format, train_byte_level_bpe)
+from rapidgpt.tokenizer import bpe_trainer
+from rapidgpt.tokenizer.gpt2_bpe import bytes_to_unicode
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "data_tools"))
+import train_tokenizer  # noqa: E402
+
+TOPIC_TEXTS = [topics[k] for k in sorted(topics)]
+EDGE_CASES = [
+    "I'm, you're, it's, we'll, they'd, can't",
+    "I'M WE'LL 'S 's'",
+    "runs    of     spaces  ",
+    "a\t\tb\n\n  c   \n",
+    "3.14159 2026 1,000,000",
+    "naïve café — 日本語のテキスト 😀👍🏽",
+    "\x00\x01\x7f\u00a0\u00ad control bytes",
+    "-" * 3000,  # long words exercise the heap-based merge loop
+    " " * 2000 + "x",
+    "",
+]
+ALL_TEXTS = TOPIC_TEXTS + EDGE_CASES
+VOCAB_SIZE = 2000
+
+
+@pytest.fixture(scope="session")
+def bpe_files(tmp_path_factory):
+    vocab, merges = train_byte_level_bpe(TOPIC_TEXTS, VOCAB_SIZE)
+    return save_gpt2_format(vocab, merges, tmp_path_factory.mktemp("bpe"))
+
+
+@pytest.fixture(scope="session")
+def gpt2(bpe_files):
+    return GPT2BPETokenizer(*bpe_files)
+
+
+# --- reference implementations -------------------------------------------------------------
+
+class ReferenceGPT2:
+    """GPT-2's original encoder algorithm, kept readable: no cache, O(n^2) merge loop."""
+
+    def __init__(self, vocab_file, merges_file):
+        with open(vocab_file, encoding="utf-8") as f:
+            self.encoder = json.load(f)
+        with open(merges_file, encoding="utf-8") as f:
+            lines = f.read().split("\n")[1:]
+        self.ranks = {tuple(line.split()): i for i, line in enumerate(l for l in lines if l)}
+        printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                     + list(range(ord("®"), ord("ÿ") + 1)))
+        chars, n = printable[:], 0
+        for b in range(256):
+            if b not in printable:
+                printable.append(b)
+                chars.append(256 + n)
+                n += 1
+        self.byte_encoder = dict(zip(printable, map(chr, chars)))
+        self.pattern = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+"""
+                                     r"""| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+
+    def bpe(self, token):
+        word = tuple(token)
+        while len(word) > 1:
+            pairs = set(zip(word, word[1:]))
+            bigram = min(pairs, key=lambda p: self.ranks.get(p, float("inf")))
+            if bigram not in self.ranks:
+                break
+            new_word, i = [], 0
+            while i < len(word):
+                if i < len(word) - 1 and (word[i], word[i + 1]) == bigram:
+                    new_word.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    new_word.append(word[i])
+                    i += 1
+            word = tuple(new_word)
+        return word
+
+    def encode(self, text):
+        ids = []
+        for token in self.pattern.findall(text):
+            token = "".join(self.byte_encoder[b] for b in token.encode("utf-8"))
+            ids += [self.encoder[t] for t in self.bpe(token)]
+        return ids
+
+
+def reference_train(texts, num_merges):
+    """Textbook BPE training: recount every pair after every merge."""
+    byte_encoder = bytes_to_unicode()
+    counts = Counter(w for t in texts for w in regex.findall(
+        r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""", t))
+    words = {tuple(byte_encoder[b] for b in w.encode("utf-8")): c for w, c in counts.items()}
+    merges = []
+    for _ in range(num_merges):
+        pairs = Counter()
+        for word, c in words.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += c
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merges.append(best)
+        merged = {}
+        for word, c in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if word[i:i + 2] == best:
+                    out.append(best[0] + best[1])
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] = c
+        words = merged
+    return merges
+
+
+# --- GPT-2 BPE tokenizer -------------------------------------------------------------------
+
+def test_roundtrip(gpt2):
+    for text in ALL_TEXTS:
+        assert gpt2.detokenize(gpt2.tokenize(text)) == text
+    assert gpt2.tokenize("") == []
+
+
+def test_matches_reference_gpt2_algorithm(gpt2, bpe_files):
+    reference = ReferenceGPT2(*bpe_files)
+    for text in ALL_TEXTS:
+        assert gpt2.tokenize(text) == reference.encode(text), text[:80]
+
+
+def test_matches_hf_tokenizers(gpt2, bpe_files):
+    hf = ByteLevelBPETokenizer(*[str(p) for p in bpe_files])
+    for text in ALL_TEXTS:
+        assert gpt2.tokenize(text) == hf.encode(text).ids, text[:80]
+
+
+def test_properties(gpt2):
+    assert gpt2.vocab_size == VOCAB_SIZE == len(gpt2.vocab)
+    assert gpt2.eod == gpt2.eod_id == gpt2.pad == gpt2.vocab["<|endoftext|>"] == VOCAB_SIZE - 1
+    assert all(gpt2.inv_vocab[i] == tok for tok, i in gpt2.vocab.items())
+    assert gpt2.detokenize([gpt2.eod]) == "<|endoftext|>"
+    # Tokens are sequences of bytes: a lone UTF-8 lead byte decodes to U+FFFD.
+    assert gpt2.detokenize([gpt2.vocab[bytes_to_unicode()[0xF0]]]) == "\ufffd"
+
+
+def test_merges_header_is_optional(gpt2, bpe_files, tmp_path):
+    vocab_file, merges_file = bpe_files
+    with open(merges_file, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    headerless = tmp_path / "merges.txt"
+    headerless.write_text("\n".join(lines[1:]), encoding="utf-8")
+    other = GPT2BPETokenizer(vocab_file, headerless)
+    assert other.tokenize(TOPIC_TEXTS[0]) == gpt2.tokenize(TOPIC_TEXTS[0])
+
+
+def test_file_errors(bpe_files, tmp_path):
+    vocab_file, merges_file = bpe_files
+    with pytest.raises(FileNotFoundError, match="vocab file not found.*nope.json"):
+        GPT2BPETokenizer(tmp_path / "nope.json", merges_file)
+    with pytest.raises(FileNotFoundError, match="merges file not found.*nope.txt"):
+        GPT2BPETokenizer(vocab_file, tmp_path / "nope.txt")
+
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{not json", encoding="utf-8")
+    with pytest.raises(ValueError, match="bad.json.* is not valid JSON"):
+        GPT2BPETokenizer(bad_json, merges_file)
+
+    with open(vocab_file, encoding="utf-8") as f:
+        vocab = json.load(f)
+    del vocab["<|endoftext|>"]
+    no_eod = tmp_path / "no_eod.json"
+    no_eod.write_text(json.dumps(vocab), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"no_eod.json.*<\|endoftext\|>"):
+        GPT2BPETokenizer(no_eod, merges_file)
+
+    bad_merges = tmp_path / "bad_merges.txt"
+    bad_merges.write_text("#version: 0.2\nĠ t\nĠ t h\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="bad_merges.txt.*line 3: expected two"):
+        GPT2BPETokenizer(vocab_file, bad_merges)
+
+
+# --- BPE trainer ---------------------------------------------------------------------------
+
+def test_trainer_vocab_layout(bpe_files):
+    vocab_file, merges_file = bpe_files
+    with open(vocab_file, encoding="utf-8") as f:
+        vocab = json.load(f)
+    with open(merges_file, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert lines[0] == "#version: 0.2"
+    merges = [tuple(line.split(" ")) for line in lines[1:]]
+    assert len(vocab) == VOCAB_SIZE and len(merges) == VOCAB_SIZE - 257
+    by_id = sorted(vocab, key=vocab.get)
+    assert by_id[:256] == list(bytes_to_unicode().values())  # GPT-2's byte order: "!" is 0
+    assert by_id[256:-1] == [a + b for a, b in merges]  # one id per merge, in merge order
+    assert by_id[-1] == "<|endoftext|>"
+
+
+def test_trainer_matches_reference_training():
+    texts = TOPIC_TEXTS[:10]
+    _, merges = train_byte_level_bpe(texts, 256 + 150 + 1)
+    assert merges == reference_train(texts, 150)
+
+
+def test_trainer_is_deterministic(monkeypatch):
+    texts = TOPIC_TEXTS[:20]
+    first = train_byte_level_bpe(texts, 800)
+    assert train_byte_level_bpe(texts, 800) == first
+    # Small batches so that both workers really count part of the corpus.
+    monkeypatch.setattr(bpe_trainer, "_BATCH_CHARS", 5000)
+    assert train_byte_level_bpe(texts, 800, workers=2) == first
+
+
+def test_trainer_stops_when_out_of_pairs():
+    vocab, merges = train_byte_level_bpe(["ab ab abc"], 1000, special_tokens=("<s>", "</s>"))
+    # Words "ab", " ab", " abc" become single tokens after 3 merges; then no pairs are left.
+    assert merges == [("a", "b"), ("Ġ", "ab"), ("Ġab", "c")]
+    assert len(vocab) == 256 + 3 + 2
+    assert vocab["<s>"] == 259 and vocab["</s>"] == 260
+
+
+def test_trainer_rejects_small_vocab():
+    with pytest.raises(ValueError, match="vocab_size=256 is too small.*at least 257"):
+        train_byte_level_bpe(["text"], 256)
+
+
+# --- BERT WordPiece ------------------------------------------------------------------------
+
+BERT_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "Hello", "world",
+              "un", "##aff", "##able", ",", "!", "'", "naive", "cafe", "日", "本", "a", "##a"]
+
+
+@pytest.fixture
+def bert_vocab_file(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(BERT_VOCAB) + "\n", encoding="utf-8")
+    return path
+
+
+def _pieces(tokenizer, text):
+    return [tokenizer.inv_vocab[i] for i in tokenizer.tokenize(text)]
+
+
+def test_bert_lower_case(bert_vocab_file):
+    bert = BertWordPieceTokenizer(bert_vocab_file, lower_case=True)
+    assert _pieces(bert, "Hello, WORLD!") == ["hello", ",", "world", "!"]
+    assert _pieces(bert, "Naïve CAFÉ") == ["naive", "cafe"]  # accents stripped
+    assert _pieces(bert, "unaffable") == ["un", "##aff", "##able"]
+    assert _pieces(bert, "unaffablex hello") == ["[UNK]", "hello"]  # unsplittable word
+    assert _pieces(bert, "hello日本world") == ["hello", "日", "本", "world"]
+    assert _pieces(bert, "hel\x00lo\u200b\tworld") == ["hello", "world"]  # controls dropped
+    assert bert.tokenize("a" * 100) == [bert.vocab["a"]] + [bert.vocab["##a"]] * 99
+    assert bert.tokenize("a" * 101) == [bert.unk]
+    assert bert.detokenize(bert.tokenize("Hello, unaffable world!")) == \
+        "hello , unaffable world !"
+
+
+def test_bert_cased(bert_vocab_file):
+    bert = BertWordPieceTokenizer(bert_vocab_file, lower_case=False)
+    assert _pieces(bert, "Hello hello World") == ["Hello", "hello", "[UNK]"]
+    assert _pieces(bert, "naïve naive") == ["[UNK]", "naive"]  # accents kept when cased
+    assert _pieces(bert, "world's") == ["world", "'", "[UNK]"]
+
+
+def test_bert_special_ids(bert_vocab_file, tmp_path):
+    bert = BertWordPieceTokenizer(bert_vocab_file)
+    assert (bert.pad, bert.unk, bert.cls, bert.sep, bert.mask) == (0, 1, 2, 3, 4)
+    assert bert.eod == bert.sep
+    assert bert.vocab_size == len(BERT_VOCAB)
+    no_mask = tmp_path / "no_mask.txt"
+    no_mask.write_text("\n".join(t for t in BERT_VOCAB if t != "[MASK]"), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"no_mask.txt.*\[MASK\]"):
+        BertWordPieceTokenizer(no_mask)
+
+
+# --- build_tokenizer -----------------------------------------------------------------------
+
+def test_build_tokenizer(bpe_files, bert_vocab_file):
+    vocab_file, merges_file = bpe_files
+    gpt2 = build_tokenizer(SimpleNamespace(tokenizer_type="GPT2BPETokenizer",
+                                           vocab_file=vocab_file, merge_file=merges_file))
+    assert isinstance(gpt2, GPT2BPETokenizer)
+    cased = build_tokenizer(SimpleNamespace(tokenizer_type="BertWordPieceCase",
+                                            vocab_file=bert_vocab_file))
+    assert isinstance(cased, BertWordPieceTokenizer) and not cased.lower_case
+    lower = build_tokenizer(SimpleNamespace(tokenizer_type="BertWordPieceLowerCase",
+                                            vocab_file=bert_vocab_file))
+    assert lower.lower_case
+
+
+def test_build_tokenizer_errors(bpe_files, tmp_path):
+    vocab_file, _ = bpe_files
+    with pytest.raises(ValueError, match="unknown --tokenizer-type 'SentencePiece': choose "
+                                         "one of GPT2BPETokenizer"):
+        build_tokenizer(SimpleNamespace(tokenizer_type="SentencePiece", vocab_file=vocab_file))
+    with pytest.raises(ValueError, match="--merge-file is required for --tokenizer-type "
+                                         "GPT2BPETokenizer: pass the merges.txt"):
+        build_tokenizer(SimpleNamespace(tokenizer_type="GPT2BPETokenizer", vocab_file=vocab_file))
+    with pytest.raises(ValueError, match="--vocab-file is required"):
+        build_tokenizer(SimpleNamespace(tokenizer_type="BertWordPieceCase"))
+    with pytest.raises(FileNotFoundError, match="BERT vocab file not found.*missing.txt"):
+        build_tokenizer(SimpleNamespace(tokenizer_type="BertWordPieceCase",
+                                        vocab_file=str(tmp_path / "missing.txt")))
+
+
+# --- data_tools/train_tokenizer.py ---------------------------------------------------------
+
+def test_cli_trains_from_jsonl(tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    with open(corpus, "w", encoding="utf-8") as f:
+        for text in TOPIC_TEXTS[:15]:
+            f.write(json.dumps({"text": text, "id": 1}) + "\n")
+    out = tmp_path / "tok"
+    assert train_tokenizer.main(["--input", str(corpus), "--vocab-size", "600",
+                                 "--output-dir", str(out), "--workers", "2"]) == 0
+    assert "learned 343 merges" in capsys.readouterr().out
+    tokenizer = GPT2BPETokenizer(out / "vocab.json", out / "merges.txt")
+    assert tokenizer.vocab_size == 600
+    assert tokenizer.detokenize(tokenizer.tokenize(TOPIC_TEXTS[0])) == TOPIC_TEXTS[0]
+    # Same corpus as plain text gives the same kind of vocabulary.
+    text_corpus = tmp_path / "corpus.txt"
+    text_corpus.write_text("".join(TOPIC_TEXTS[:15]), encoding="utf-8")
+    assert train_tokenizer.main(["--input", str(text_corpus), "--vocab-size", "600",
+                                 "--output-dir", str(tmp_path / "tok_txt")]) == 0
+    assert GPT2BPETokenizer(tmp_path / "tok_txt" / "vocab.json",
+                            tmp_path / "tok_txt" / "merges.txt").vocab_size == 600
+
+
+def test_cli_bad_json_line(tmp_path):
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"text": "ok"}\n{"text": "fine"}\n{"text": broken}\n', encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        train_tokenizer.main(["--input", str(corpus), "--vocab-size", "300",
+                              "--output-dir", str(tmp_path / "out")])
+    assert exit_info.value.code != 0
+    assert f"{corpus}:3: invalid JSON line" in str(exit_info.value.code)
+    assert not (tmp_path / "out").exists()
+
+    corpus.write_text('{"body": "no text key"}\n', encoding="utf-8")
+    with pytest.raises(SystemExit, match=r"bad.jsonl:1: .*string field 'text'"):
+        train_tokenizer.main(["--input", str(corpus), "--vocab-size", "300",
+                              "--output-dir", str(tmp_path / "out")])

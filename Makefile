@@ -14,8 +14,9 @@ $(STAMP): setup.py
 
 install: $(STAMP)
 
+# Until the training engine lands, the demo builds the embedded corpus and inspects it.
 demo: $(STAMP)
-	$(VENV)/bin/rapidgpt --help
+	$(PY) data_tools/inspect_dataset.py --demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

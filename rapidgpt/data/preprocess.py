@@ -188,7 +188,7 @@ def preprocess(args):
 
 def _write_documents(args, encoded, builders):
     total_bytes = os.path.getsize(args.input)
-    start = time.time()
+    start = shown = time.time()
     docs_done = bytes_done = 0
     with tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="preprocess",
               disable=args.no_progress_bar, file=sys.stderr) as bar:
@@ -200,9 +200,12 @@ def _write_documents(args, encoded, builders):
             docs_done += 1
             bytes_done += n_bytes
             bar.update(n_bytes)
+            now = time.time()
+            if now - shown >= 0.5:
+                bar.set_postfix_str(f"{docs_done / max(now - start, 1e-9):.0f} docs/s", refresh=False)
+                shown = now
             if docs_done % args.log_interval == 0:
-                elapsed = max(time.time() - start, 1e-9)
-                bar.set_postfix_str(f"{docs_done / elapsed:.0f} docs/s")
+                elapsed = max(now - start, 1e-9)
                 tqdm.write(f"Processed {docs_done} documents ({docs_done / elapsed:.1f} docs/s, "
                            f"{bytes_done / elapsed / 1024 ** 2:.2f} MB/s).", file=sys.stderr)
     elapsed = max(time.time() - start, 1e-9)

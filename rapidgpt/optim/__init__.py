@@ -1,0 +1,10 @@
+"""Optimizers, learning-rate schedule and gradient clipping with Megatron's semantics."""
+from .adamw import SGD, AdamW, build_optimizer, megatron_no_decay
+from .clip_grads import clip_grads_by_global_norm, global_grad_norm
+from .lr_scheduler import OptimizerParamScheduler, build_lr_scheduler
+
+__all__ = [
+    "AdamW", "SGD", "build_optimizer", "megatron_no_decay",
+    "global_grad_norm", "clip_grads_by_global_norm",
+    "OptimizerParamScheduler", "build_lr_scheduler",
+]

@@ -1,0 +1,145 @@
+"""Optimizers with PyTorch/Megatron semantics: AdamW (bias-corrected) and SGD.
+
+Both take the learning rate as a Tensor argument, `opt(grads, lr)`, so the engine's jitted step
+compiles once while the schedule changes the rate every iteration (a Python float argument to
+a jitted function recompiles per value). The value is kept in the `learning_rate` Parameter,
+which is saved with the optimizer state.
+
+Weight decay follows Megatron's parameter groups: biases and 1-D parameters (LayerNorm/RMSNorm
+weights and biases) get none; pass `no_decay_filter` to choose differently.
+"""
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+
+
+def megatron_no_decay(param):
+    """Megatron's rule (get_param_groups): no weight decay for biases and 1-D parameters.
+
+    Norm weights and biases are 1-D, so this covers them without matching on names (substring
+    rules like "ln" catch unrelated parameter names).
+    """
+    return param.name.endswith("bias") or param.ndim <= 1
+
+
+class _Optimizer(nn.Cell):
+    """What AdamW and SGD share: the parameter tuple, per-parameter weight decay, the lr Parameter."""
+
+    def __init__(self, params, lr, weight_decay, no_decay_filter):
+        # auto_prefix=False: registering the state must not rename the model's parameters.
+        super().__init__(auto_prefix=False)
+        self.parameters = ParameterTuple(params)
+        if not self.parameters:
+            raise ValueError(f"{type(self).__name__} got no parameters to optimize")
+        names = [p.name for p in self.parameters]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            # Same-named state Parameters would break ms.jit and checkpoints later, obscurely.
+            raise ValueError(f"parameter names must be unique, repeated: {duplicates}")
+        if lr < 0 or weight_decay < 0:
+            raise ValueError(f"--lr ({lr}) and --weight-decay ({weight_decay}) must be >= 0")
+        no_decay = no_decay_filter or megatron_no_decay
+        # Python floats: constants folded into the compiled graph.
+        self.weight_decays = tuple(0.0 if no_decay(p) else float(weight_decay) for p in self.parameters)
+        self.learning_rate = Parameter(Tensor(lr, ms.float32), name="learning_rate", requires_grad=False)
+
+    def _update_lr(self, lr):
+        """Store `lr` (a Tensor, or None to keep the current rate) and return the rate to use."""
+        if lr is not None:
+            ops.assign(self.learning_rate, ops.cast(lr, ms.float32))
+        return self.learning_rate
+
+
+class AdamW(_Optimizer):
+    """torch.optim.AdamW on MindSpore's fused `ops.AdamWeightDecay` kernel.
+
+    torch.optim.AdamW, at step t with bc1 = 1 - b1^t, bc2 = 1 - b2^t:
+        m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
+        p -= lr*wd*p + lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
+    The fused kernel has no bias correction (that is why `nn.AdamWeightDecay` is not
+    PyTorch's AdamW): it does `p -= lr' * (m / (sqrt(v) + eps') + wd'*p)`. Multiplying
+    torch's second term by sqrt(bc2)/sqrt(bc2) shows the two are identical with
+        lr' = lr*sqrt(bc2)/bc1,  eps' = eps*sqrt(bc2),  wd' = wd*bc1/sqrt(bc2)  (= wd*lr/lr'),
+    computed once per step as scalar Tensors inside the graph. (wd' is written without lr so
+    that lr = 0, the first warmup step, gives no 0/0.) The kernel then does one fused pass
+    over each parameter, as fast as `nn.AdamWeightDecay`.
+
+    Kernel call (MindSpore 2.10): `AdamWeightDecay()(var, m, v, lr, beta1, beta2, epsilon,
+    decay, gradient)` updates var, m, v in place; lr..decay must share one dtype (float32
+    Tensors here, which may be computed in the graph); gradient must have var's dtype.
+
+    State: `exp_avg` ("adam_m.*"), `exp_avg_sq` ("adam_v.*"), `step_count` ("adam_step"),
+    `learning_rate`.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, no_decay_filter=None):
+        super().__init__(params, lr, weight_decay, no_decay_filter)
+        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or eps <= 0:
+            raise ValueError(f"AdamW needs 0 <= --adam-beta1, --adam-beta2 < 1 and --adam-eps > 0, "
+                             f"got betas={betas}, eps={eps}")
+        self.beta1 = Tensor(betas[0], ms.float32)
+        self.beta2 = Tensor(betas[1], ms.float32)
+        self.eps = Tensor(eps, ms.float32)
+        param_tuple = ParameterTuple(self.parameters)
+        self.exp_avg = param_tuple.clone(prefix="adam_m", init="zeros")
+        self.exp_avg_sq = param_tuple.clone(prefix="adam_v", init="zeros")
+        self.step_count = Parameter(Tensor(0, ms.int32), name="adam_step", requires_grad=False)
+        self.adam = ops.AdamWeightDecay()
+
+    def construct(self, grads, lr=None):
+        """One step; `grads` in `self.parameters` order, `lr` an optional scalar Tensor. Returns lr."""
+        lr = self._update_lr(lr)
+        ops.assign_add(self.step_count, ops.ones((), ms.int32))
+        t = ops.cast(self.step_count, ms.float32)
+        bc1 = 1 - ops.pow(self.beta1, t)
+        sqrt_bc2 = ops.sqrt(1 - ops.pow(self.beta2, t))
+        kernel_lr = lr * sqrt_bc2 / bc1
+        kernel_eps = self.eps * sqrt_bc2
+        decay_scale = bc1 / sqrt_bc2
+        for p, m, v, g, wd in zip(self.parameters, self.exp_avg, self.exp_avg_sq, grads, self.weight_decays):
+            self.adam(p, m, v, kernel_lr, self.beta1, self.beta2, kernel_eps, decay_scale * wd,
+                      ops.cast(g, p.dtype))
+        return lr
+
+
+class SGD(_Optimizer):
+    """torch.optim.SGD: coupled L2 decay, heavy-ball momentum (no dampening, no Nesterov).
+
+        d_p = g + wd*p;  buf = momentum*buf + d_p (buf = d_p at the first step);  p -= lr*buf
+    `ops.ApplyMomentum` does exactly the last two on a zero-initialised buffer (0*momentum + d_p
+    = d_p at the first step). Without momentum no buffer is kept.
+    """
+
+    def __init__(self, params, lr, momentum=0.0, weight_decay=0.0, no_decay_filter=None):
+        super().__init__(params, lr, weight_decay, no_decay_filter)
+        if momentum < 0:
+            raise ValueError(f"--sgd-momentum must be >= 0, got {momentum}")
+        self.momentum = float(momentum)
+        if self.momentum > 0:
+            self.momentum_buffers = ParameterTuple(self.parameters).clone(prefix="sgd_momentum", init="zeros")
+            self.apply_momentum = ops.ApplyMomentum()
+
+    def construct(self, grads, lr=None):
+        """One step; `grads` in `self.parameters` order, `lr` an optional scalar Tensor. Returns lr."""
+        lr = self._update_lr(lr)
+        for i, p in enumerate(self.parameters):
+            d_p = ops.cast(grads[i], p.dtype)
+            if self.weight_decays[i] > 0:
+                d_p = d_p + self.weight_decays[i] * p
+            if self.momentum > 0:
+                self.apply_momentum(p, self.momentum_buffers[i], ops.cast(lr, p.dtype), d_p, self.momentum)
+            else:
+                ops.assign_sub(p, ops.cast(lr, p.dtype) * d_p)
+        return lr
+
+
+def build_optimizer(args, params):
+    """The optimizer named by `--optimizer` ("adam" = AdamW, or "sgd"), with Megatron's defaults."""
+    name = getattr(args, "optimizer", "adam")
+    weight_decay = getattr(args, "weight_decay", 0.01)
+    if name == "adam":
+        betas = (getattr(args, "adam_beta1", 0.9), getattr(args, "adam_beta2", 0.999))
+        return AdamW(params, lr=args.lr, betas=betas, eps=getattr(args, "adam_eps", 1e-8),
+                     weight_decay=weight_decay)
+    if name == "sgd":
+        return SGD(params, lr=args.lr, momentum=getattr(args, "sgd_momentum", 0.9), weight_decay=weight_decay)
+    raise ValueError(f"--optimizer: unknown optimizer {name!r}; choose 'adam' or 'sgd'")

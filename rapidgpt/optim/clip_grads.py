@@ -1,0 +1,33 @@
+"""Gradient clipping by global L2 norm (Megatron's clip_grad_norm_fp32), as pure functions.
+
+They take and return tuples of Tensors and branch on no tensor value, so they run unchanged in
+PyNative and inside an `ms.jit` step.
+
+With tensor parallelism each rank holds a shard of the sharded parameters: the squared norms of
+those must be summed across the TP ranks (and replicated ones counted once) before the square
+root. That is not done here yet; these functions see only the local gradients.
+"""
+import mindspore as ms
+from mindspore import ops
+
+
+def global_grad_norm(grads):
+    """L2 norm over all gradients together, accumulated in fp32 (fp16 squares overflow)."""
+    squares = [ops.sum(ops.square(ops.cast(g, ms.float32))) for g in grads]
+    return ops.sqrt(ops.addn(squares))
+
+
+def clip_grads_by_global_norm(grads, max_norm, norm=None):
+    """Scale all gradients by `max_norm / (norm + 1e-6)` when that is below 1; returns (grads, norm).
+
+    `max_norm` is the `--clip-grad` value, a Python number: <= 0 disables clipping (the norm is
+    still computed, for logging). `norm` may be passed if already computed. The scale is
+    `min(coeff, 1)`, applied unconditionally: multiplying by exactly 1.0 leaves a gradient
+    bit-identical, and it avoids a data-dependent branch in the compiled graph.
+    """
+    if norm is None:
+        norm = global_grad_norm(grads)
+    if max_norm <= 0:
+        return grads, norm
+    coeff = ops.minimum(max_norm / (norm + 1e-6), 1.0)
+    return tuple(g * ops.cast(coeff, g.dtype) for g in grads), norm

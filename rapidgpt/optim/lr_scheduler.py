@@ -1,0 +1,158 @@
+"""Megatron's learning-rate schedule (megatron/core/optimizer_param_scheduler.py), counted in samples.
+
+Megatron advances its scheduler by the number of samples consumed per iteration
+(`global_batch_size`), not by iterations, so a run can change its batch size (or be resumed
+with a different one) and still follow the same curve over the data. We do the same: every
+"step" below is a sample count.
+
+The scheduler only computes the value; the engine passes it to the optimizer each iteration as
+a Tensor (`opt(grads, lr)`), so a changing learning rate never recompiles the jitted step.
+
+Weight-decay increment (`--start-weight-decay/--end-weight-decay`) is not implemented: the
+weight decay is constant, as with Megatron's default `--weight-decay-incr-style constant`.
+"""
+import math
+
+DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
+
+
+class OptimizerParamScheduler:
+    """Linear warmup from `init_lr` to `max_lr`, then decay to `min_lr` over `lr_decay_steps`.
+
+    With `num_steps` the number of samples consumed so far:
+      - warmup (`lr_warmup_steps > 0` and `num_steps <= lr_warmup_steps`):
+        `init_lr + (max_lr - init_lr) * num_steps / lr_warmup_steps`;
+      - "constant": `max_lr` after warmup;
+      - past `lr_decay_steps`: `min_lr`;
+      - "inverse-square-root": `max(min_lr, max_lr * sqrt(warmup) / sqrt(num_steps))`;
+      - otherwise `min_lr + coeff * (max_lr - min_lr)` with `ratio = (num_steps - warmup) /
+        (decay - warmup)` and `coeff = 1 - ratio` ("linear") or `0.5 * (cos(pi * ratio) + 1)`
+        ("cosine").
+    """
+
+    def __init__(self, max_lr, min_lr, lr_warmup_steps, lr_decay_steps, lr_decay_style, init_lr=0.0):
+        # Each message names the command-line flag(s) the value comes from, as users know those.
+        if lr_decay_style not in DECAY_STYLES:
+            raise ValueError(f"--lr-decay-style: unknown style {lr_decay_style!r}; "
+                             f"choose one of {', '.join(DECAY_STYLES)}")
+        if min_lr < 0:
+            raise ValueError(f"--min-lr must be >= 0, got {min_lr}")
+        if min_lr > max_lr:
+            raise ValueError(f"--min-lr ({min_lr}) must not exceed --lr ({max_lr})")
+        if not 0 <= init_lr <= max_lr:
+            raise ValueError(f"init_lr ({init_lr}) must lie in [0, --lr ({max_lr})]")
+        if lr_decay_steps <= 0:
+            raise ValueError(f"the decay length (--lr-decay-iters/--lr-decay-samples, default the "
+                             f"training length) must be > 0, got {lr_decay_steps} samples")
+        if lr_warmup_steps < 0:
+            raise ValueError(f"the warmup (--lr-warmup-iters/--lr-warmup-samples/--lr-warmup-fraction) "
+                             f"must be >= 0, got {lr_warmup_steps} samples")
+        if lr_warmup_steps > lr_decay_steps:
+            raise ValueError(f"the warmup (--lr-warmup-iters/--lr-warmup-samples/--lr-warmup-fraction, "
+                             f"{lr_warmup_steps} samples) must not exceed the decay length "
+                             f"(--lr-decay-iters/--lr-decay-samples, {lr_decay_steps} samples)")
+        self.max_lr = float(max_lr)
+        self.min_lr = float(min_lr)
+        self.init_lr = float(init_lr)
+        self.lr_warmup_steps = lr_warmup_steps
+        self.lr_decay_steps = lr_decay_steps
+        self.lr_decay_style = lr_decay_style
+        self.num_steps = 0
+
+    def get_lr(self):
+        """The learning rate after `num_steps` samples (see the class docstring)."""
+        if self.lr_warmup_steps > 0 and self.num_steps <= self.lr_warmup_steps:
+            return self.init_lr + (self.max_lr - self.init_lr) * self.num_steps / self.lr_warmup_steps
+        if self.lr_decay_style == "constant":
+            return self.max_lr
+        if self.num_steps > self.lr_decay_steps:
+            return self.min_lr
+        if self.lr_decay_style == "inverse-square-root":
+            # Megatron clamps both to >= 1 so that a zero warmup or step 0 stays finite.
+            lr = self.max_lr * math.sqrt(max(self.lr_warmup_steps, 1)) / math.sqrt(max(self.num_steps, 1))
+            return max(self.min_lr, lr)
+        ratio = (self.num_steps - self.lr_warmup_steps) / (self.lr_decay_steps - self.lr_warmup_steps)
+        if self.lr_decay_style == "linear":
+            coeff = 1.0 - ratio
+        else:  # cosine
+            coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
+        return self.min_lr + coeff * (self.max_lr - self.min_lr)
+
+    def step(self, increment):
+        """Advance by `increment` samples (one iteration = the global batch size); returns the new lr."""
+        self.num_steps += increment
+        return self.get_lr()
+
+    def state_dict(self):
+        return {
+            "max_lr": self.max_lr,
+            "min_lr": self.min_lr,
+            "init_lr": self.init_lr,
+            "lr_warmup_steps": self.lr_warmup_steps,
+            "lr_decay_steps": self.lr_decay_steps,
+            "lr_decay_style": self.lr_decay_style,
+            "num_steps": self.num_steps,
+        }
+
+    def load_state_dict(self, state_dict):
+        """Restore `num_steps`; the schedule settings must equal this run's.
+
+        Megatron (without --override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler)
+        also refuses a checkpoint whose schedule differs: silently switching curves mid-run
+        is rarely what the user meant.
+        """
+        for name, value in self.state_dict().items():
+            if name != "num_steps" and state_dict[name] != value:
+                raise ValueError(f"lr scheduler setting {name!r} differs: this run has {value!r}, "
+                                 f"the checkpoint has {state_dict[name]!r}")
+        self.num_steps = state_dict["num_steps"]
+
+
+def build_lr_scheduler(args, global_batch_size_fn=None):
+    """An `OptimizerParamScheduler` from Megatron's flags (Megatron's get_optimizer_param_scheduler).
+
+    Iteration-based runs (`--train-iters`) convert iterations to samples with the global batch
+    size; sample-based runs (`--train-samples`) give samples directly. `--lr-warmup-fraction`
+    sets the warmup as a fraction of the decay length and excludes `--lr-warmup-iters/-samples`.
+    `--lr-warmup-init` (default 0) is where the warmup starts. `global_batch_size_fn()` supplies
+    the global batch size when `args.global_batch_size` is None (Megatron derives it as micro
+    batch x data-parallel size, known only after the process groups exist).
+    """
+    train_iters = getattr(args, "train_iters", None)
+    train_samples = getattr(args, "train_samples", None)
+    warmup_fraction = getattr(args, "lr_warmup_fraction", None)
+    if train_iters:
+        decay_iters = getattr(args, "lr_decay_iters", None)
+        if decay_iters is None:
+            decay_iters = train_iters
+        warmup_iters = getattr(args, "lr_warmup_iters", 0)
+        warmup_flag = "--lr-warmup-iters"
+        global_batch_size = getattr(args, "global_batch_size", None)
+        if global_batch_size is None:
+            if global_batch_size_fn is None:
+                raise ValueError("--global-batch-size is needed to convert iterations to samples")
+            global_batch_size = global_batch_size_fn()
+        decay_steps = decay_iters * global_batch_size
+        warmup_steps = warmup_iters * global_batch_size
+    elif train_samples:
+        decay_steps = getattr(args, "lr_decay_samples", None)
+        if decay_steps is None:
+            decay_steps = train_samples
+        warmup_steps = getattr(args, "lr_warmup_samples", 0)
+        warmup_flag = "--lr-warmup-samples"
+    else:
+        raise ValueError("either --train-iters or --train-samples must be given")
+    if warmup_fraction is not None:
+        if warmup_steps:
+            raise ValueError(f"give only one of --lr-warmup-fraction and {warmup_flag}")
+        if not 0 <= warmup_fraction <= 1:
+            raise ValueError(f"--lr-warmup-fraction must lie in [0, 1], got {warmup_fraction}")
+        warmup_steps = warmup_fraction * decay_steps
+    return OptimizerParamScheduler(
+        max_lr=args.lr,
+        min_lr=getattr(args, "min_lr", 0.0),
+        lr_warmup_steps=warmup_steps,
+        lr_decay_steps=decay_steps,
+        lr_decay_style=getattr(args, "lr_decay_style", "linear"),
+        init_lr=getattr(args, "lr_warmup_init", 0.0),
+    )

@@ -1,0 +1,307 @@
+"""rapidgpt.optim against independent numpy/Python versions of Megatron's and PyTorch's formulas."""
+import math
+from argparse import Namespace
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Parameter, Tensor
+from mindspore.graph.api import ms_compile_cache  # MindSpore-internal: phases of the compiled graphs
+
+from rapidgpt.optim import (SGD, AdamW, OptimizerParamScheduler, build_lr_scheduler, build_optimizer,
+                            clip_grads_by_global_norm, global_grad_norm, megatron_no_decay)
+
+ms.set_device("CPU")
+
+
+# ----------------------------------------------------------------------------- learning rate
+
+def megatron_lr(n, max_lr, min_lr, warmup, decay, style, init_lr=0.0):
+    """Megatron's OptimizerParamScheduler.get_lr, restated."""
+    if warmup > 0 and n <= warmup:
+        return init_lr + (max_lr - init_lr) * n / warmup
+    if style == "constant":
+        return max_lr
+    if n > decay:
+        return min_lr
+    if style == "inverse-square-root":
+        return max(min_lr, max_lr * max(warmup, 1) ** 0.5 / max(n, 1) ** 0.5)
+    ratio = (n - warmup) / (decay - warmup)
+    coeff = {"linear": 1 - ratio, "cosine": 0.5 * (math.cos(math.pi * ratio) + 1)}[style]
+    return min_lr + coeff * (max_lr - min_lr)
+
+
+@pytest.mark.parametrize("style", ["constant", "linear", "cosine", "inverse-square-root"])
+@pytest.mark.parametrize("warmup,init_lr", [(0, 0.0), (64, 0.0), (64, 1e-4)])
+def test_lr_schedule_matches_megatron(style, warmup, init_lr):
+    sched = OptimizerParamScheduler(3e-4, 3e-5, warmup, 800, style, init_lr=init_lr)
+    assert sched.get_lr() == pytest.approx(megatron_lr(0, 3e-4, 3e-5, warmup, 800, style, init_lr))
+    n = 0
+    for increment in [1, 7, 56, 1, 100, 336, 199, 1, 1, 400]:  # crosses warmup end, decay end, beyond
+        lr = sched.step(increment)
+        n += increment
+        assert sched.num_steps == n
+        assert lr == sched.get_lr() == pytest.approx(megatron_lr(n, 3e-4, 3e-5, warmup, 800, style, init_lr),
+                                                     rel=1e-12)
+    if style != "constant":
+        assert sched.get_lr() == 3e-5  # past the decay end
+
+
+def test_lr_schedule_landmarks():
+    sched = OptimizerParamScheduler(1.0, 0.1, 10, 110, "linear")
+    assert [sched.step(s) for s in (5, 5, 50, 50, 1)] == pytest.approx([0.5, 1.0, 0.55, 0.1, 0.1])
+    cos = OptimizerParamScheduler(1.0, 0.0, 0, 100, "cosine")
+    assert cos.step(50) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("kwargs,flag", [
+    (dict(min_lr=2e-3), "--min-lr"),
+    (dict(lr_warmup_steps=-1), "--lr-warmup-iters"),
+    (dict(lr_warmup_steps=900), "must not exceed the decay length"),
+    (dict(lr_decay_steps=0), "--lr-decay-iters"),
+    (dict(lr_decay_style="exponential"), "--lr-decay-style"),
+])
+def test_lr_schedule_validation(kwargs, flag):
+    settings = dict(max_lr=1e-3, min_lr=1e-5, lr_warmup_steps=10, lr_decay_steps=800, lr_decay_style="cosine")
+    with pytest.raises(ValueError, match=flag):
+        OptimizerParamScheduler(**{**settings, **kwargs})
+
+
+def test_lr_state_dict_round_trip_and_mismatch():
+    sched = OptimizerParamScheduler(1e-3, 1e-5, 80, 800, "cosine")
+    sched.step(123)
+    restored = OptimizerParamScheduler(1e-3, 1e-5, 80, 800, "cosine")
+    restored.load_state_dict(sched.state_dict())
+    assert restored.num_steps == 123 and restored.get_lr() == sched.get_lr()
+    other = OptimizerParamScheduler(1e-3, 1e-5, 80, 1600, "cosine")
+    with pytest.raises(ValueError, match="lr_decay_steps"):
+        other.load_state_dict(sched.state_dict())
+
+
+def megatron_args(**overrides):
+    args = dict(lr=1e-3, min_lr=1e-5, lr_decay_style="cosine", train_iters=100, lr_decay_iters=None,
+                lr_warmup_iters=10, lr_warmup_fraction=None, global_batch_size=8)
+    return Namespace(**{**args, **overrides})
+
+
+def test_build_lr_scheduler_iterations_in_samples():
+    sched = build_lr_scheduler(megatron_args())
+    assert (sched.lr_decay_steps, sched.lr_warmup_steps, sched.lr_decay_style) == (800, 80, "cosine")
+    assert (sched.max_lr, sched.min_lr) == (1e-3, 1e-5)
+    sched = build_lr_scheduler(megatron_args(lr_decay_iters=50, lr_warmup_iters=0, lr_warmup_fraction=0.1))
+    assert (sched.lr_decay_steps, sched.lr_warmup_steps) == (400, 40)
+    sched = build_lr_scheduler(megatron_args(global_batch_size=None), global_batch_size_fn=lambda: 4)
+    assert (sched.lr_decay_steps, sched.lr_warmup_steps) == (400, 40)
+    # Minimal namespace: Megatron's defaults (linear, min_lr 0, no warmup) for what is absent.
+    sched = build_lr_scheduler(Namespace(lr=2e-4, train_iters=10, global_batch_size=2))
+    assert (sched.lr_decay_style, sched.min_lr, sched.lr_warmup_steps, sched.lr_decay_steps) == ("linear", 0, 0, 20)
+
+
+def test_build_lr_scheduler_samples():
+    args = megatron_args(train_iters=None, train_samples=1000, lr_warmup_samples=50)
+    sched = build_lr_scheduler(args)
+    assert (sched.lr_decay_steps, sched.lr_warmup_steps) == (1000, 50)
+    args = megatron_args(train_iters=None, train_samples=1000, lr_decay_samples=600, lr_warmup_fraction=0.25)
+    sched = build_lr_scheduler(args)
+    assert (sched.lr_decay_steps, sched.lr_warmup_steps) == (600, 150)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(lr_warmup_fraction=0.1), "--lr-warmup-fraction and --lr-warmup-iters"),
+    (dict(train_iters=None, train_samples=100, lr_warmup_samples=5, lr_warmup_fraction=0.1),
+     "--lr-warmup-fraction and --lr-warmup-samples"),
+    (dict(lr_warmup_iters=0, lr_warmup_fraction=1.5), "--lr-warmup-fraction must lie"),
+    (dict(train_iters=None), "--train-iters or --train-samples"),
+    (dict(global_batch_size=None), "--global-batch-size"),
+    (dict(min_lr=1.0), "--min-lr"),
+    (dict(lr_warmup_iters=200), "must not exceed"),
+])
+def test_build_lr_scheduler_validation(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        build_lr_scheduler(megatron_args(**overrides))
+
+
+# ----------------------------------------------------------------------------- optimizers
+
+def make_params():
+    rng = np.random.default_rng(0)
+    return [Parameter(Tensor(rng.standard_normal((4, 3)).astype(np.float32)), name="layer.weight"),
+            Parameter(Tensor(rng.standard_normal(3).astype(np.float32)), name="layer.bias"),
+            Parameter(Tensor(rng.standard_normal((5, 2)).astype(np.float32)), name="embedding.weight")]
+
+
+def exclude_embedding(param):
+    return megatron_no_decay(param) or param.name.startswith("embedding")
+
+
+LRS = [1e-2, 2e-2, 0.0, 1.5e-2, 3e-2]  # lr changes every step; 0 is the first warmup step in practice
+
+
+def step_grads(num_params_shapes):
+    rng = np.random.default_rng(1)
+    return [[rng.standard_normal(shape).astype(np.float32) for shape in num_params_shapes] for _ in LRS]
+
+
+def numpy_adamw(params, grads_per_step, lrs, betas, eps, weight_decays):
+    """torch.optim.AdamW (amsgrad=False), in float64."""
+    p = [x.astype(np.float64) for x in params]
+    m = [np.zeros_like(x) for x in p]
+    v = [np.zeros_like(x) for x in p]
+    for t, (grads, lr) in enumerate(zip(grads_per_step, lrs), start=1):
+        for i, g in enumerate(grads):
+            p[i] = p[i] * (1 - lr * weight_decays[i])
+            m[i] = betas[0] * m[i] + (1 - betas[0]) * g
+            v[i] = betas[1] * v[i] + (1 - betas[1]) * g * g
+            m_hat, v_hat = m[i] / (1 - betas[0] ** t), v[i] / (1 - betas[1] ** t)
+            p[i] = p[i] - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return p, m, v
+
+
+def numpy_sgd(params, grads_per_step, lrs, momentum, weight_decays):
+    """torch.optim.SGD (dampening 0, no Nesterov), in float64."""
+    p = [x.astype(np.float64) for x in params]
+    buf = [None] * len(p)
+    for grads, lr in zip(grads_per_step, lrs):
+        for i, g in enumerate(grads):
+            d_p = g + weight_decays[i] * p[i]
+            if momentum:
+                buf[i] = d_p if buf[i] is None else momentum * buf[i] + d_p
+                d_p = buf[i]
+            p[i] = p[i] - lr * d_p
+    return p
+
+
+def run_steps(opt, grads_per_step, mode):
+    """Apply the steps eagerly, in a jitted function, or as the engine does (under all_finite).
+
+    The jitted step must compile once although lr changes every step (it is a Tensor argument).
+    A tuple of Tensors passed to a jitted function is a compile-time constant (one graph per
+    value) unless wrapped in `ms.mutable`; in the engine the grads come from inside the graph.
+    """
+    @ms.jit
+    def jitted(grads, lr):
+        opt(grads, lr)
+
+    @ms.jit
+    def jitted_if_finite(grads, lr):
+        if ms.amp.all_finite(grads):
+            opt(grads, lr)
+
+    fn = {"pynative": opt, "jit": jitted, "jit_all_finite": jitted_if_finite}[mode]
+    compiled_before = len(ms_compile_cache)
+    for grads, lr in zip(grads_per_step, LRS):
+        fn(ms.mutable(tuple(Tensor(g) for g in grads)), Tensor(lr, ms.float32))
+    assert len(ms_compile_cache) - compiled_before == (mode != "pynative")
+
+
+MODES = ["pynative", "jit", "jit_all_finite"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_adamw_matches_torch_adamw(mode):
+    params = make_params()
+    initial = [p.asnumpy().copy() for p in params]
+    grads = step_grads([p.shape for p in params])
+    betas, eps, wd = (0.9, 0.95), 1e-8, 0.1
+    opt = AdamW(params, lr=0.5, betas=betas, eps=eps, weight_decay=wd, no_decay_filter=exclude_embedding)
+    assert opt.weight_decays == (0.1, 0.0, 0.0)
+    run_steps(opt, grads, mode)
+    ref_p, ref_m, ref_v = numpy_adamw(initial, grads, LRS, betas, eps, [wd, 0.0, 0.0])
+    for i, p in enumerate(params):
+        np.testing.assert_allclose(p.asnumpy(), ref_p[i], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(opt.exp_avg[i].asnumpy(), ref_m[i], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(opt.exp_avg_sq[i].asnumpy(), ref_v[i], rtol=1e-5, atol=1e-8)
+    assert int(opt.step_count.asnumpy()) == len(LRS)
+    assert float(opt.learning_rate.asnumpy()) == pytest.approx(LRS[-1])
+
+
+def test_adamw_state_names_and_default_filter():
+    params = make_params()
+    opt = AdamW(params)
+    assert [p.name for p in params] == ["layer.weight", "layer.bias", "embedding.weight"]  # not renamed
+    assert opt.parameters == tuple(params)
+    assert [p.name for p in opt.exp_avg] == ["adam_m.layer.weight", "adam_m.layer.bias", "adam_m.embedding.weight"]
+    assert [p.name for p in opt.exp_avg_sq][0] == "adam_v.layer.weight"
+    assert (opt.step_count.name, opt.learning_rate.name, opt.learning_rate.shape) == ("adam_step", "learning_rate", ())
+    assert opt.weight_decays == (0.01, 0.0, 0.01)  # Megatron: only the bias / 1-D param is excluded
+
+
+def test_optimizer_rejects_repeated_names():
+    params = make_params()
+    params[2].name = "layer.weight"
+    with pytest.raises(ValueError, match="layer.weight"):
+        SGD(params, lr=0.1)
+
+
+def test_adamw_keeps_lr_when_none_given():
+    params = make_params()
+    initial = [p.asnumpy().copy() for p in params]
+    grads = step_grads([p.shape for p in params])[:1]
+    opt = AdamW(params, lr=1e-2, weight_decay=0.0)
+    opt(tuple(Tensor(g) for g in grads[0]))
+    ref_p, _, _ = numpy_adamw(initial, grads, [1e-2], (0.9, 0.999), 1e-8, [0.0] * 3)
+    np.testing.assert_allclose(params[0].asnumpy(), ref_p[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_matches_torch_sgd(mode, momentum):
+    params = make_params()
+    initial = [p.asnumpy().copy() for p in params]
+    grads = step_grads([p.shape for p in params])
+    opt = SGD(params, lr=0.5, momentum=momentum, weight_decay=0.1)
+    run_steps(opt, grads, mode)
+    ref_p = numpy_sgd(initial, grads, LRS, momentum, [0.1, 0.0, 0.1])
+    for i, p in enumerate(params):
+        np.testing.assert_allclose(p.asnumpy(), ref_p[i], rtol=1e-5, atol=1e-6)
+
+
+def test_build_optimizer():
+    args = Namespace(optimizer="adam", lr=3e-4, adam_beta1=0.8, adam_beta2=0.95, adam_eps=1e-6, weight_decay=0.1)
+    opt = build_optimizer(args, make_params())
+    assert isinstance(opt, AdamW)
+    assert float(opt.beta1.asnumpy()) == pytest.approx(0.8) and float(opt.beta2.asnumpy()) == pytest.approx(0.95)
+    assert float(opt.eps.asnumpy()) == pytest.approx(1e-6)
+    assert float(opt.learning_rate.asnumpy()) == pytest.approx(3e-4) and opt.weight_decays[0] == 0.1
+    opt = build_optimizer(Namespace(optimizer="sgd", lr=0.1, sgd_momentum=0.5, weight_decay=0.0), make_params())
+    assert isinstance(opt, SGD) and opt.momentum == 0.5 and opt.weight_decays == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="--optimizer"):
+        build_optimizer(Namespace(optimizer="lamb", lr=0.1), make_params())
+
+
+# ----------------------------------------------------------------------------- clipping
+
+def clip_inputs():
+    rng = np.random.default_rng(2)
+    grads = [rng.standard_normal(s).astype(np.float32) for s in [(4, 3), (3,), (7, 5)]]
+    return grads, float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads)))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_clip_grads(jit):
+    grads, norm = clip_inputs()
+    tensors = ms.mutable(tuple(Tensor(g) for g in grads))
+    clip = ms.jit(clip_grads_by_global_norm) if jit else clip_grads_by_global_norm
+    norm_fn = ms.jit(global_grad_norm) if jit else global_grad_norm
+    assert float(norm_fn(tensors).asnumpy()) == pytest.approx(norm, rel=1e-6)
+
+    clipped, got_norm = clip(tensors, 1.0)  # norm ~6: scaled to norm 1
+    assert float(got_norm.asnumpy()) == pytest.approx(norm, rel=1e-6)
+    for c, g in zip(clipped, grads):
+        np.testing.assert_allclose(c.asnumpy(), g * (1.0 / (norm + 1e-6)), rtol=1e-6)
+    assert float(global_grad_norm(clipped).asnumpy()) == pytest.approx(1.0, rel=1e-5)
+
+    unclipped, _ = clip(tensors, 100.0)  # below the threshold: bit-identical
+    for c, g in zip(unclipped, grads):
+        np.testing.assert_array_equal(c.asnumpy(), g)
+
+
+def test_clip_disabled_and_given_norm():
+    grads, norm = clip_inputs()
+    tensors = tuple(Tensor(g) for g in grads)
+    same, got_norm = clip_grads_by_global_norm(tensors, 0.0)  # --clip-grad 0
+    assert same is tensors and float(got_norm.asnumpy()) == pytest.approx(norm, rel=1e-6)
+    # A precomputed norm is used as is (e.g. one already reduced across ranks).
+    clipped, got_norm = clip_grads_by_global_norm(tensors, 1.0, norm=Tensor(4.0, ms.float32))
+    assert float(got_norm.asnumpy()) == 4.0
+    np.testing.assert_allclose(clipped[0].asnumpy(), grads[0] / (4.0 + 1e-6), rtol=1e-6)

@@ -1,22 +1,46 @@
-"""The `rapidgpt` console script.
-
-Until the engine lands this only reports the version; flags are parsed by argparse so that
-`--help` and `--version` behave as users expect.
-"""
+"""The `rapidgpt` console script: `--task NAME` runs a black-box task, `--user-script FILE` runs
+your trainer file with all the flags (it builds its RapidGPTEngine, which parses them)."""
 import argparse
+import os
+import runpy
 import sys
 
 from rapidgpt import __version__
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        prog="rapidgpt",
-        description="Megatron-style LLM trainer on MindSpore. Training entry points arrive with "
-                    "the engine; data tools live in data_tools/.")
-    parser.add_argument("--version", action="version", version=f"rapidgpt {__version__}")
-    parser.parse_args(argv)
-    parser.print_help()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    launcher = argparse.ArgumentParser(prog="rapidgpt", add_help=False, allow_abbrev=False)
+    launcher.add_argument("--task")
+    launcher.add_argument("--user-script")
+    launcher.add_argument("--version", action="store_true")
+    launcher.add_argument("-h", "--help", action="store_true")
+    known, _ = launcher.parse_known_args(argv)
+    if known.version:
+        print(f"rapidgpt {__version__}")
+        return 0
+    if known.help or not (known.task or known.user_script):
+        from rapidgpt.arguments import build_parser
+        build_parser().print_help()
+        if not known.help:
+            print("\nrapidgpt: error: give --task pretraining or --user-script FILE", file=sys.stderr)
+            return 2
+        return 0
+    if known.task and known.user_script:
+        print("rapidgpt: error: give either --task or --user-script, not both", file=sys.stderr)
+        return 2
+    if known.task:
+        from rapidgpt.arguments import TASKS
+        if known.task not in TASKS:
+            print(f"rapidgpt: error: --task {known.task}: choose one of {', '.join(TASKS)}", file=sys.stderr)
+            return 2
+        from rapidgpt.tasks import pretraining
+        return pretraining.main(argv)
+    if not os.path.isfile(known.user_script):
+        print(f"rapidgpt: error: --user-script {known.user_script}: no such file", file=sys.stderr)
+        return 2
+    sys.argv = [known.user_script] + argv
+    runpy.run_path(known.user_script, run_name="__main__")
     return 0
 
 

@@ -1,0 +1,267 @@
+"""Every command-line flag, under its Megatron-LM / Rapidformer name, and their validation.
+
+`parse_args(extra_args_provider, argv)` builds the parser (groups: model, batch, optimizer,
+learning rate, data, checkpoint, logging, engine, parallel, precision, recompute), lets a user
+script add its own flags, parses, then validates everything once: each problem is reported as
+one message that names the flag and the fix, and the program exits with status 2 before any
+work starts. Derived values (padded vocabulary, data-parallel size, micro-batches per step,
+...) are filled in here so that every other module reads one settled namespace.
+"""
+import argparse
+import math
+import os
+
+from rapidgpt.data.gpt_dataset import parse_split
+
+TASKS = ("pretraining",)
+DEVICES = ("cpu", "gpu", "ascend")
+
+
+class ArgumentError(ValueError):
+    """A flag (or combination of flags) that cannot work; the message says which and what to do."""
+
+
+def _model_args(parser):
+    g = parser.add_argument_group("model")
+    g.add_argument("--num-layers", type=int, default=4)
+    g.add_argument("--hidden-size", type=int, default=256)
+    g.add_argument("--num-attention-heads", type=int, default=4)
+    g.add_argument("--ffn-hidden-size", type=int, default=None, help="default: 4 * hidden size")
+    g.add_argument("--seq-length", type=int, default=128)
+    g.add_argument("--max-position-embeddings", type=int, default=None, help="default: seq length")
+    g.add_argument("--vocab-size", type=int, default=None,
+                   help="vocabulary size when no tokenizer is given (token ids must be below it)")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                   help="pad the embedding rows to a multiple of this (times TP size) for speed; "
+                        "padded rows never take part in the loss or the returned logits")
+    g.add_argument("--hidden-dropout", type=float, default=0.1)
+    g.add_argument("--attention-dropout", type=float, default=0.1)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--layernorm-epsilon", type=float, default=1e-5)
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
+                   help="separate output layer instead of reusing the word embeddings")
+
+
+def _batch_args(parser):
+    g = parser.add_argument_group("batch and length")
+    g.add_argument("--micro-batch-size", type=int, default=8)
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="samples per optimizer step; default micro batch x data-parallel size. "
+                        "Larger values accumulate gradients over several micro-batches")
+    g.add_argument("--train-iters", type=int, default=None)
+    g.add_argument("--train-samples", type=int, default=None)
+    g.add_argument("--epochs", type=int, default=None, help="finetuning: passes over the train set")
+
+
+def _optimizer_args(parser):
+    g = parser.add_argument_group("optimizer")
+    g.add_argument("--optimizer", choices=["adam", "sgd"], default="adam",
+                   help="adam = AdamW (decoupled weight decay, bias-corrected, as Megatron)")
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.999)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--sgd-momentum", type=float, default=0.9)
+    g.add_argument("--clip-grad", type=float, default=1.0, help="global grad-norm clip; 0 disables")
+    g = parser.add_argument_group("learning rate")
+    g.add_argument("--lr", type=float, default=None)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root"],
+                   default="linear")
+    g.add_argument("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
+    g.add_argument("--lr-decay-samples", type=int, default=None)
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-warmup-samples", type=int, default=0)
+    g.add_argument("--lr-warmup-fraction", type=float, default=None)
+
+
+def _data_args(parser):
+    g = parser.add_argument_group("data and tokenizer")
+    g.add_argument("--data-path", nargs="*", default=None,
+                   help="PREFIX, or weighted 'W1 PREFIX1 W2 PREFIX2 ...'; none: the demo corpus")
+    g.add_argument("--split", default="969, 30, 1")
+    g.add_argument("--train-data-path", nargs="*", default=None)
+    g.add_argument("--valid-data-path", nargs="*", default=None)
+    g.add_argument("--test-data-path", nargs="*", default=None)
+    g.add_argument("--data-cache-path", default=None)
+    g.add_argument("--data-impl", "--dataset-impl", dest="data_impl", choices=["mmap", "infer"],
+                   default="mmap", help="accepted for compatibility; Megatron's mmap format is read")
+    g.add_argument("--tokenizer-type", default=None,
+                   choices=["GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase"])
+    g.add_argument("--vocab-file", default=None)
+    g.add_argument("--merge-file", default=None)
+    g.add_argument("--eod-mask-loss", action="store_true")
+    g.add_argument("--reset-position-ids", action="store_true")
+    g.add_argument("--reset-attention-mask", action="store_true")
+    g.add_argument("--num-workers", type=int, default=2, help="background threads preparing batches")
+    g.add_argument("--seed", type=int, default=1234)
+
+
+# Flags whose feature arrives in a later release. They parse (so a Megatron launch script reads
+# without surprises) and any non-default value is refused with this explanation.
+NOT_YET = {
+    "checkpointing arrives with RapidGPT's checkpoint release": [
+        ("--save", None), ("--load", None), ("--save-interval", None), ("--no-save-optim", False),
+        ("--no-save-rng", False), ("--no-load-optim", False), ("--no-load-rng", False),
+        ("--finetune", False), ("--pretrained-checkpoint", None), ("--exit-interval", None),
+        ("--exit-duration-in-mins", None), ("--ckpt-format", None), ("--keep-last-n-checkpoints", None)],
+    "this build runs on one process; tensor/pipeline/data parallelism and the launcher arrive "
+    "with the distributed release": [
+        ("--tensor-model-parallel-size", 1), ("--pipeline-model-parallel-size", 1),
+        ("--num-layers-per-virtual-pipeline-stage", None), ("--sequence-parallel", False),
+        ("--nproc-per-node", None), ("--nnodes", None), ("--node-rank", None),
+        ("--master-addr", None), ("--master-port", None)],
+    "ZeRO optimizer sharding arrives with the ZeRO release": [
+        ("--use-distributed-optimizer", False), ("--zero-1-memory-optimization", False),
+        ("--zero-2-memory-optimization", False), ("--zero-3-memory-optimization", False)],
+    "mixed precision arrives with the precision release; this build trains in fp32": [
+        ("--fp16", False), ("--bf16", False), ("--mixed-precision", False), ("--loss-scale", None),
+        ("--initial-loss-scale", None), ("--min-loss-scale", None), ("--loss-scale-window", None),
+        ("--hysteresis", None)],
+    "activation recompute arrives with the recompute release": [
+        ("--recompute-granularity", None), ("--recompute-method", None),
+        ("--recompute-num-layers", None), ("--checkpoint-activations", False)],
+}
+
+
+def _reserved_args(parser):
+    g = parser.add_argument_group("not in this build (refused with an explanation if used)")
+    for flags in NOT_YET.values():
+        for flag, default in flags:
+            if isinstance(default, bool):
+                g.add_argument(flag, action="store_true")
+            else:
+                g.add_argument(flag, type=int if isinstance(default, int) else str, default=default)
+
+
+def _logging_args(parser):
+    g = parser.add_argument_group("logging and evaluation")
+    g.add_argument("--log-interval", type=int, default=10)
+    g.add_argument("--eval-interval", type=int, default=1000)
+    g.add_argument("--eval-iters", type=int, default=10)
+    g.add_argument("--tensorboard-dir", default=None)
+    g.add_argument("--tensorboard-log-interval", type=int, default=1)
+    g.add_argument("--log-dir", default=None, help="also write the log to LOG_DIR/rank_0.log")
+    g.add_argument("--no-progress-bar", action="store_true", help="no tqdm bar (e.g. in CI logs)")
+
+
+def _engine_args(parser):
+    g = parser.add_argument_group("engine")
+    g.add_argument("--user-script", default=None, help="Python file with your Pretrainer/Finetuner")
+    g.add_argument("--task", choices=TASKS, default=None, help="black-box task, no user file")
+    g.add_argument("--device", choices=DEVICES, default=None, help="default: the best available")
+    g.add_argument("--no-jit", dest="jit", action="store_false",
+                   help="run the step eagerly (PyNative) instead of compiling it: 2-3x slower, "
+                        "but any Python works inside run_forward_step")
+    g.add_argument("--cpu-threads", type=int, default=None, help="MindSpore CPU threads (default: cores)")
+    g.add_argument("--prompt", default=None, help="after pretraining, print a continuation of this text")
+    g.add_argument("--max-new-tokens", type=int, default=48)
+
+
+def build_parser(extra_args_provider=None):
+    parser = argparse.ArgumentParser(
+        prog="rapidgpt", allow_abbrev=False,
+        description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's names.")
+    for add in (_model_args, _batch_args, _optimizer_args, _data_args, _logging_args, _engine_args,
+                _reserved_args):
+        add(parser)
+    if extra_args_provider is not None:
+        extra_args_provider(parser)
+    return parser
+
+
+def parse_args(extra_args_provider=None, argv=None):
+    """Parse and validate; a bad value exits with status 2 and one message naming the flag."""
+    parser = build_parser(extra_args_provider)
+    args = parser.parse_args(argv)
+    try:
+        validate_args(args)
+    except ArgumentError as e:
+        parser.error(str(e))
+    return args
+
+
+def _require(condition, message):
+    if not condition:
+        raise ArgumentError(message)
+
+
+def validate_args(args, world_size=1):
+    """Check every flag once and fill in derived values. Raises ArgumentError."""
+    for reason, flags in NOT_YET.items():
+        for flag, default in flags:
+            value = getattr(args, flag.lstrip("-").replace("-", "_"))
+            _require(value == default, f"{flag}: not supported by this build ({reason}); remove it")
+
+    _require(not (args.user_script and args.task), "give either --user-script or --task, not both")
+    if args.user_script:
+        _require(os.path.isfile(args.user_script), f"--user-script {args.user_script}: no such file")
+
+    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
+                 "log_interval", "eval_interval"):
+        _require(getattr(args, flag) > 0, f"--{flag.replace('_', '-')} must be positive, "
+                                           f"got {getattr(args, flag)}")
+    _require(args.eval_iters >= 0, f"--eval-iters must be >= 0, got {args.eval_iters}")
+    _require(args.hidden_size % args.num_attention_heads == 0,
+             f"--hidden-size {args.hidden_size} must be divisible by --num-attention-heads "
+             f"{args.num_attention_heads}")
+    args.ffn_hidden_size = args.ffn_hidden_size or 4 * args.hidden_size
+    args.max_position_embeddings = args.max_position_embeddings or args.seq_length
+    _require(args.max_position_embeddings >= args.seq_length,
+             f"--max-position-embeddings {args.max_position_embeddings} is smaller than --seq-length "
+             f"{args.seq_length}; raise it or shorten the sequences")
+    for flag in ("hidden_dropout", "attention_dropout"):
+        _require(0.0 <= getattr(args, flag) < 1.0, f"--{flag.replace('_', '-')} must be in [0, 1)")
+    _require(args.make_vocab_size_divisible_by >= 1, "--make-vocab-size-divisible-by must be >= 1")
+
+    # Parallel layout (one process in this build; the formulas already hold for more).
+    args.world_size = world_size
+    args.tensor_model_parallel_size = args.tensor_model_parallel_size or 1
+    args.pipeline_model_parallel_size = args.pipeline_model_parallel_size or 1
+    model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    args.data_parallel_size = world_size // model_parallel
+    per_step = args.micro_batch_size * args.data_parallel_size
+    if args.global_batch_size is None:
+        args.global_batch_size = per_step
+    _require(args.global_batch_size > 0 and args.global_batch_size % per_step == 0,
+             f"--global-batch-size {args.global_batch_size} must be a positive multiple of "
+             f"--micro-batch-size {args.micro_batch_size} x data-parallel size "
+             f"{args.data_parallel_size} = {per_step}")
+    args.num_micro_batches = args.global_batch_size // per_step
+
+    _require(not (args.train_iters and args.train_samples),
+             "give either --train-iters or --train-samples, not both")
+    if args.train_samples:
+        args.train_iters = math.ceil(args.train_samples / args.global_batch_size)
+    for flag in ("train_iters", "epochs"):
+        value = getattr(args, flag)
+        _require(value is None or value > 0, f"--{flag.replace('_', '-')} must be positive, got {value}")
+
+    if args.lr is None:
+        args.lr = 1e-4 if args.optimizer == "adam" else 1e-2
+    _require(args.lr > 0, f"--lr must be positive, got {args.lr}")
+    _require(0 <= args.min_lr <= args.lr, f"--min-lr {args.min_lr} must be in [0, --lr {args.lr}]")
+    _require(args.clip_grad >= 0, f"--clip-grad must be >= 0 (0 disables clipping), got {args.clip_grad}")
+    _require(args.weight_decay >= 0, f"--weight-decay must be >= 0, got {args.weight_decay}")
+    _require(0 <= args.adam_beta1 < 1 and 0 <= args.adam_beta2 < 1, "--adam-beta1/--adam-beta2 must be in [0, 1)")
+    _require(not (args.lr_warmup_fraction is not None and args.lr_warmup_iters),
+             "give either --lr-warmup-fraction or --lr-warmup-iters, not both")
+
+    try:
+        parse_split(args.split)
+    except ValueError as e:
+        raise ArgumentError(str(e)) from None
+    if args.tokenizer_type:
+        _require(args.vocab_file, f"--vocab-file is required for --tokenizer-type {args.tokenizer_type}")
+        _require(args.tokenizer_type != "GPT2BPETokenizer" or args.merge_file,
+                 "--merge-file is required for --tokenizer-type GPT2BPETokenizer")
+    _require(args.num_workers >= 0, f"--num-workers must be >= 0, got {args.num_workers}")
+    _require(args.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    _require(args.cpu_threads is None or args.cpu_threads > 0, "--cpu-threads must be positive")
+    return args
+
+
+def padded_vocab_size(vocab_size, divisible_by, tensor_parallel_size=1):
+    """Megatron's padding: round up to a multiple of divisible_by x TP (fast, evenly split GEMMs)."""
+    multiple = divisible_by * tensor_parallel_size
+    return int(math.ceil(vocab_size / multiple) * multiple)

@@ -1,0 +1,80 @@
+"""RapidGPTEngine: prepares this process for training, once.
+
+Parses and validates the flags (unless given a namespace), selects the device and MindSpore's
+execution mode, seeds python/numpy/MindSpore, records the parallel layout, builds the tokenizer
+and the logger/TensorBoard writer that `get_args()`, `get_tokenizer()`, `get_logger()` return.
+`compose()` gives a hand-written loop the engine's compiled, clipped, scheduled update.
+"""
+import os
+import random
+
+import mindspore as ms
+import numpy as np
+
+from rapidgpt.arguments import parse_args
+from rapidgpt.global_vars import set_global_variables
+from rapidgpt.optim import build_lr_scheduler, build_optimizer
+from rapidgpt.parallel.random import initialize_parameters
+from rapidgpt.parallel.state import ParallelState, initialize_parallel_state
+from rapidgpt.tokenizer import build_tokenizer
+from rapidgpt.training.compose import ComposedOptimizer
+
+MINDSPORE_DEVICE = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
+_THREADS_SET = False
+
+
+def device_available(device):
+    """Whether this MindSpore package can run on `device` here (asked without warnings)."""
+    if device == "cpu":
+        return True
+    from mindspore._c_expression import MSContext
+    return bool(MSContext.get_instance().is_pkg_support_device(MINDSPORE_DEVICE[device]))
+
+
+def select_device(requested):
+    """--device, or the best available: ascend, then gpu, then cpu."""
+    if requested:
+        if not device_available(requested):
+            raise ValueError(f"--device {requested}: this MindSpore installation has no "
+                             f"{MINDSPORE_DEVICE[requested]} support here; use --device cpu or "
+                             f"install MindSpore's {MINDSPORE_DEVICE[requested]} build")
+        return requested
+    return next(d for d in ("ascend", "gpu", "cpu") if device_available(d))
+
+
+def set_seeds(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    ms.set_seed(seed)
+
+
+class RapidGPTEngine:
+    def __init__(self, extra_args_provider=None, argv=None, args=None):
+        global _THREADS_SET
+        self.args = args if args is not None else parse_args(extra_args_provider, argv)
+        args = self.args
+        self.device = select_device(args.device)
+        ms.set_device(MINDSPORE_DEVICE[self.device])
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        if self.device == "cpu" and not _THREADS_SET:
+            # MindSpore's CPU kernels use this many threads (OMP_NUM_THREADS has no effect).
+            ms.device_context.cpu.op_tuning.threads_num(args.cpu_threads or os.cpu_count() or 1)
+            _THREADS_SET = True
+        set_seeds(args.seed)
+        self.parallel_state = ParallelState(world_size=args.world_size)
+        initialize_parallel_state(self.parallel_state)
+        self.tokenizer = build_tokenizer(args) if args.tokenizer_type else None
+        set_global_variables(args, self.tokenizer)
+
+    def compose(self, model, optimizer=None, lr_scheduler=None, train_dataloader=None):
+        """Rapidformer's no-trainer mode for a hand-written loop.
+
+        Returns `(model, optimizer, lr_scheduler, train_dataloader)`: the model with RapidGPT's
+        seeded initialisation, an optimizer whose `step(forward_fn, *inputs)` runs the compiled
+        forward/backward/clip/update at the scheduler's learning rate and returns the loss, and the
+        scheduler (built from the flags when None; advance it with `lr_scheduler.step(samples)`).
+        """
+        initialize_parameters(model, self.args.seed)
+        optimizer = optimizer or build_optimizer(self.args, model.trainable_params())
+        lr_scheduler = lr_scheduler or build_lr_scheduler(self.args)
+        return model, ComposedOptimizer(optimizer, lr_scheduler, self.args), lr_scheduler, train_dataloader

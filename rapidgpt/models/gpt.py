@@ -1,0 +1,79 @@
+"""GPT: learned token + position embeddings, pre-LayerNorm decoder layers, tied output layer.
+
+`GPTModel(tokens [b, s], position_ids [b, s], attention_mask=None, labels=None)` returns, as
+Megatron's GPTModel does, the per-token cross-entropy `[b, s]` when labels are given, otherwise
+the logits `[b, s, vocab]` over the TRUE vocabulary: rows added by vocabulary padding
+(`--make-vocab-size-divisible-by`) are never part of the softmax, the loss or the returned logits.
+With `--untie-embeddings-and-output-weights` the output layer has its own weights.
+"""
+from mindspore import Parameter, Tensor, nn, ops
+import numpy as np
+
+from rapidgpt.arguments import padded_vocab_size
+from rapidgpt.models.transformer import ParallelTransformerLayer, TransformerConfig
+from rapidgpt.parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
+from rapidgpt.parallel.random import ParamInit
+from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
+
+
+class PositionEmbedding(nn.Cell):
+    """Learned absolute positions `[max_positions, h]`, replicated on every TP rank."""
+
+    def __init__(self, max_positions, hidden_size, init_std):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.zeros((max_positions, hidden_size), np.float32)), name="weight")
+        self.param_inits = {"weight": ParamInit(init_std, (max_positions, hidden_size))}
+
+    def construct(self, position_ids):
+        return ops.gather(self.weight, position_ids, 0)
+
+
+class GPTModel(nn.Cell):
+    def __init__(self, config, vocab_size, padded_vocab_size, untie_embeddings_and_output_weights=False):
+        super().__init__()
+        if padded_vocab_size < vocab_size:
+            raise ValueError(f"padded vocabulary {padded_vocab_size} smaller than vocabulary {vocab_size}")
+        self.config = config
+        self.vocab_size = vocab_size
+        self.padded_vocab_size = padded_vocab_size
+        h, std = config.hidden_size, config.init_method_std
+        self.word_embeddings = VocabParallelEmbedding(padded_vocab_size, h, std, real_vocab_size=vocab_size)
+        self.position_embeddings = PositionEmbedding(config.max_position_embeddings, h, std)
+        self.embedding_dropout = nn.Dropout(p=config.hidden_dropout)
+        self.layers = nn.CellList([ParallelTransformerLayer(config) for _ in range(config.num_layers)])
+        self.final_layernorm = nn.LayerNorm((h,), epsilon=config.layernorm_epsilon)
+        self.untied = untie_embeddings_and_output_weights
+        self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
+                                                  drawn_rows=vocab_size) if self.untied else None)
+        self.logits_matmul = ops.MatMul(transpose_b=True)
+
+    def output_weight(self):
+        return self.output_layer.weight if self.untied else self.word_embeddings.weight
+
+    def construct(self, tokens, position_ids, attention_mask=None, labels=None):
+        x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)   # [b, s, h]
+        x = self.embedding_dropout(x)
+        for layer in self.layers:
+            x = layer(x, attention_mask)
+        x = self.final_layernorm(x)
+        b, s, h = x.shape
+        logits = self.logits_matmul(x.reshape(b * s, h), self.output_weight())      # [b*s, padded]
+        if self.padded_vocab_size > self.vocab_size:
+            logits = logits[:, :self.vocab_size]
+        if labels is None:
+            return logits.reshape(b, s, self.vocab_size)
+        losses = ops.cross_entropy(logits, labels.reshape(-1), reduction="none")
+        return losses.reshape(b, s)
+
+
+def lm_loss_func(loss_mask, output_tensor):
+    """Megatron's loss_func: mean of the per-token losses where `loss_mask` is 1."""
+    loss_mask = loss_mask.astype(output_tensor.dtype)
+    return (output_tensor * loss_mask).sum() / loss_mask.sum()
+
+
+def build_gpt_model(args, vocab_size):
+    """The built-in GPT from the model flags (`vocab_size`: the tokenizer's or --vocab-size)."""
+    padded = padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by,
+                               get_tensor_model_parallel_world_size())
+    return GPTModel(TransformerConfig(args), vocab_size, padded, args.untie_embeddings_and_output_weights)

@@ -1,0 +1,1 @@
+"""Black-box tasks: `rapidgpt --task NAME` runs them with no user file."""

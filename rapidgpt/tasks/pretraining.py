@@ -1,0 +1,80 @@
+"""`rapidgpt --task pretraining`: the built-in GPT on Megatron mmap data.
+
+With no data flags it trains on the embedded demo corpus (Python's own documentation, see
+rapidgpt/data/demo_corpus.py) and finishes by printing a continuation of a prompt.
+"""
+from functools import partial
+
+from rapidgpt.arguments import parse_args
+from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
+from rapidgpt.data.demo_corpus import demo_corpus
+from rapidgpt.data.gpt_dataset import GPTDatasetConfig
+from rapidgpt.engine import RapidGPTEngine
+from rapidgpt.global_vars import get_tokenizer
+from rapidgpt.models.generation import generate
+from rapidgpt.models.gpt import build_gpt_model, lm_loss_func
+from rapidgpt.training.pretrainer import Pretrainer, next_batch
+
+DEMO_PROMPT = "The assert statement"
+
+
+def vocab_size(args):
+    tokenizer = get_tokenizer()
+    if tokenizer is not None:
+        return tokenizer.vocab_size
+    if args.vocab_size is None:
+        raise ValueError("pretraining needs a vocabulary: give --tokenizer-type/--vocab-file "
+                         "(/--merge-file), or --vocab-size if the data holds token ids only")
+    return args.vocab_size
+
+
+def gpt_dataset_config(args):
+    tokenizer = get_tokenizer()
+    return GPTDatasetConfig(seq_length=args.seq_length, seed=args.seed,
+                            eod=tokenizer.eod if tokenizer is not None else None,
+                            eod_mask_loss=args.eod_mask_loss, reset_position_ids=args.reset_position_ids,
+                            reset_attention_mask=args.reset_attention_mask,
+                            data_cache_path=args.data_cache_path)
+
+
+class GPTPretrainer(Pretrainer):
+    """The Megatron GPT example (pretrain_gpt.py) as a Pretrainer."""
+
+    def train_valid_test_datasets_provider(self, train_val_test_num_samples):
+        args = self.args
+        return build_train_valid_test_datasets(
+            gpt_dataset_config(args), train_val_test_num_samples, data_path=args.data_path,
+            split=args.split, train_data_path=args.train_data_path,
+            valid_data_path=args.valid_data_path, test_data_path=args.test_data_path)
+
+    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
+        return build_gpt_model(self.args, vocab_size(self.args)), None, None
+
+    def run_forward_step(self, data_iterator, model):
+        batch = next_batch(data_iterator)
+        attention_mask = batch["attention_mask"] if "attention_mask" in batch else None
+        output = model(batch["tokens"], batch["position_ids"], attention_mask, batch["labels"])
+        return output, partial(lm_loss_func, batch["loss_mask"])
+
+
+def use_demo_corpus(args):
+    """No data flags: point the data and tokenizer flags at the embedded demo corpus."""
+    paths = demo_corpus()
+    args.data_path = [paths["data_prefix"]]
+    args.tokenizer_type = "GPT2BPETokenizer"
+    args.vocab_file, args.merge_file = paths["vocab_file"], paths["merge_file"]
+    if args.prompt is None:
+        args.prompt = DEMO_PROMPT
+
+
+def main(argv=None):
+    args = parse_args(argv=argv)
+    if not (args.data_path or args.train_data_path):
+        use_demo_corpus(args)
+    engine = RapidGPTEngine(args=args)
+    trainer = GPTPretrainer(engine)
+    model = trainer.train()
+    if args.prompt is not None and get_tokenizer() is not None and args.max_new_tokens:
+        text = generate(model, get_tokenizer(), args.prompt, args.max_new_tokens, top_k=0)
+        trainer.logger.info(f"\nprompt: {args.prompt!r}\ncontinuation (greedy): {text!r}")
+    return 0

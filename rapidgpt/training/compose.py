@@ -1,0 +1,30 @@
+"""The optimizer `RapidGPTEngine.compose()` hands to a hand-written training loop."""
+import numpy as np
+from mindspore import Tensor
+
+from rapidgpt.training.step import TrainStep
+
+
+class ComposedOptimizer:
+    """`loss = optimizer.step(forward_fn, *inputs)`: one compiled forward/backward/clip/update.
+
+    `forward_fn(*inputs) -> loss` must be traceable by mindspore.jit (it is compiled on the first
+    call; new input shapes compile again). The learning rate is the scheduler's current value.
+    """
+
+    def __init__(self, optimizer, lr_scheduler, args):
+        self.optimizer, self.lr_scheduler, self.args = optimizer, lr_scheduler, args
+        self.parameters = optimizer.parameters
+        self._steps = {}
+
+    def step(self, forward_fn, *inputs):
+        train_step = self._steps.get(forward_fn)
+        if train_step is None:
+            def forward(micro_batch):
+                return forward_fn(*micro_batch)
+            train_step = self._steps[forward_fn] = TrainStep(forward, self.optimizer, 1, self.args.clip_grad,
+                                                             jit=self.args.jit)
+        stacked = tuple(Tensor(np.asarray(x)[None]) if not isinstance(x, Tensor) else x.expand_dims(0)
+                        for x in inputs)
+        loss, self.last_grad_norm, self.last_finite = train_step(stacked, self.lr_scheduler.get_lr())
+        return loss

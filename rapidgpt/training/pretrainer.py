@@ -1,0 +1,94 @@
+"""Pretrainer: Megatron's pretrain() as a template with four hooks.
+
+    class MyPretrainer(Pretrainer):
+        def train_valid_test_datasets_provider(self, train_val_test_num_samples):
+            return train_ds, valid_ds, test_ds                # map-style datasets
+        def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
+            return model, None, None                          # None: built from the flags
+        def run_forward_step(self, data_iterator, model):
+            batch = next_batch(data_iterator)                 # Megatron: next(data_iterator)
+            output = model(batch["tokens"], batch["position_ids"], labels=batch["labels"])
+            return output, partial(lm_loss_func, batch["loss_mask"])
+        # run_compute_metrics(self, model, eval_data_iterator) has a default: loss (+ PPL)
+
+The step is compiled (training/step.py), so `run_forward_step` is traced by `mindspore.jit`:
+read the micro-batch with `rapidgpt.next_batch(data_iterator)`, which returns the batch being
+traced (a dict of tensors `[micro_batch, ...]`) and is `next()` on a real iterator otherwise.
+Code that cannot be compiled runs with `--no-jit` (PyNative, slower).
+"""
+from rapidgpt.data.samplers import PretrainingSampler, micro_batches
+from rapidgpt.training.trainer import Trainer, hook, to_tensors
+
+
+def next_batch(data_iterator):
+    """The next micro-batch: the traced batch inside the compiled step, `next()` elsewhere.
+
+    The `isinstance` test is resolved while compiling, so the compiled graph has no branch.
+    """
+    if isinstance(data_iterator, (dict, tuple, list)):
+        return data_iterator
+    return next(data_iterator)
+
+
+class Pretrainer(Trainer):
+
+    @hook("(self, train_val_test_num_samples) -> (train, valid, test) datasets")
+    def train_valid_test_datasets_provider(self, train_val_test_num_samples):
+        raise NotImplementedError
+
+    @hook("(self, pre_process=True, post_process=True) -> (model, optimizer|None, lr_scheduler|None)")
+    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
+        raise NotImplementedError
+
+    @hook("(self, data_iterator, model) -> loss, or (output, loss_fn) as Megatron")
+    def run_forward_step(self, data_iterator, model):
+        raise NotImplementedError
+
+    def run_compute_metrics(self, model, eval_data_iterator):
+        """Default evaluation: mean forward loss over --eval-iters global batches ("lm loss")."""
+        n = self.args.eval_iters * self.args.num_micro_batches
+        losses = [self._eval_step(to_tensors(next(eval_data_iterator))) for _ in range(n)]
+        return {"lm loss": sum(losses) / max(len(losses), 1)}
+
+    def train_val_test_num_samples(self):
+        """Samples each split must provide, as Megatron computes them."""
+        args = self.args
+        gbs = args.global_batch_size
+        evaluations = args.train_iters // args.eval_interval + 1
+        return [args.train_iters * gbs, evaluations * args.eval_iters * gbs, args.eval_iters * gbs]
+
+    def _iterator(self, dataset):
+        args = self.args
+        sampler = PretrainingSampler(len(dataset), 0, args.micro_batch_size)
+        return micro_batches(dataset, sampler, num_workers=args.num_workers)
+
+    def train(self):
+        """Build data and model through the hooks, train --train-iters iterations, evaluate."""
+        self.check_hooks()
+        args = self.args
+        if not args.train_iters:
+            raise ValueError("pretraining needs --train-iters (or --train-samples)")
+        train_ds, valid_ds, test_ds = self.train_valid_test_datasets_provider(self.train_val_test_num_samples())
+        model, optimizer, scheduler = self.build_model_optimizer_scheduler()
+        self.model, self.optimizer, self.lr_scheduler = model, optimizer, scheduler
+
+        def forward(micro_batch):
+            return self.run_forward_step(micro_batch, model)
+
+        self._eval_step = self.eval_step(forward)
+        valid_iterator = self._iterator(valid_ds) if valid_ds is not None and args.eval_iters else None
+
+        def evaluate(iteration, label=None, iterator=valid_iterator):
+            metrics = self.run_compute_metrics(model, iterator)
+            self.reporter.validation(label or f"iteration {iteration}", iteration, metrics)
+            self.last_metrics = metrics
+
+        self.train_loop(model, optimizer, scheduler, forward, self._iterator(train_ds), args.train_iters,
+                        evaluate if valid_iterator else None, args.eval_interval)
+        if valid_iterator is not None:
+            self._evaluate_in_eval_mode(model, lambda it: evaluate(
+                it, "the end of training for val data"), args.train_iters)
+        if test_ds is not None and args.eval_iters:
+            self._evaluate_in_eval_mode(model, lambda it: evaluate(
+                it, "the end of training for test data", self._iterator(test_ds)), args.train_iters)
+        return model

@@ -1,0 +1,105 @@
+"""What a run reports: Megatron's log lines (so existing log parsers keep working), a tqdm bar,
+and TensorBoard scalars under --tensorboard-dir."""
+import math
+import sys
+
+from tqdm import tqdm
+
+from rapidgpt.global_vars import get_logger, get_tensorboard_writer, is_console_rank
+
+
+def training_log_line(iteration, train_iters, consumed_samples, ms_per_iteration, learning_rate,
+                      global_batch_size, losses, loss_scale, grad_norm, skipped, nan, tokens_per_second):
+    """Megatron's training line, field for field (`losses`: {name: interval mean})."""
+    line = f" iteration {iteration:8d}/{train_iters:8d} |"
+    line += f" consumed samples: {consumed_samples:12d} |"
+    line += f" elapsed time per iteration (ms): {ms_per_iteration:.1f} |"
+    line += f" learning rate: {learning_rate:.6E} |"
+    line += f" global batch size: {global_batch_size:5d} |"
+    for name, value in losses.items():
+        line += f" {name}: {value:.6E} |"
+    line += f" loss scale: {loss_scale:.1f} |"
+    if grad_norm is not None:
+        line += f" grad norm: {grad_norm:.3f} |"
+    line += f" number of skipped iterations: {skipped:3d} |"
+    line += f" number of nan iterations: {nan:3d} |"
+    line += f" tokens per second: {tokens_per_second:.1f} |"
+    return line
+
+
+def validation_lines(label, losses):
+    """Megatron's validation block: a dashed line, the values with perplexity, a dashed line."""
+    text = f" validation loss at {label} | "
+    for name, value in losses.items():
+        text += f"{name} value: {value:.6E} | {name} PPL: {math.exp(min(20.0, value)):.6E} | "
+    rule = "-" * (len(text) + 1)
+    return [rule, text, rule]
+
+
+class Reporter:
+    """Accumulates per-iteration results and writes the log line every `log_interval` iterations."""
+
+    def __init__(self, args, train_iters, start_iteration=0):
+        self.args = args
+        self.train_iters = train_iters
+        self.writer = get_tensorboard_writer()
+        self.logger = get_logger()
+        self.bar = tqdm(total=train_iters, initial=start_iteration, desc="training", unit="it",
+                        disable=args.no_progress_bar or not is_console_rank(), file=sys.stderr,
+                        dynamic_ncols=True)
+        self._reset()
+        self.skipped_total = 0
+
+    def _reset(self):
+        self.loss_sum, self.iters, self.skipped, self.nan, self.seconds = {}, 0, 0, 0, 0.0
+
+    def iteration(self, iteration, consumed_samples, losses, lr, grad_norm, finite, seconds, tokens):
+        """Record one training iteration (`losses`: {name: value}); log when the interval is full."""
+        self.iters += 1
+        self.seconds += seconds
+        loss_ok = all(math.isfinite(v) for v in losses.values())
+        if not finite:
+            self.skipped += 1
+            self.skipped_total += 1
+        if not loss_ok:
+            self.nan += 1
+        else:
+            for name, value in losses.items():
+                self.loss_sum[name] = self.loss_sum.get(name, 0.0) + value
+        self.bar.update(1)
+        self.bar.set_postfix({name: f"{value:.3f}" for name, value in losses.items()}, refresh=False)
+        if self.writer is not None and iteration % self.args.tensorboard_log_interval == 0:
+            self.writer.add_scalar("learning-rate", lr, iteration)
+            self.writer.add_scalar("batch-size", self.args.global_batch_size, iteration)
+            for name, value in losses.items():
+                self.writer.add_scalar(name, value, iteration)
+            self.writer.add_scalar("grad-norm", grad_norm, iteration)
+            self.writer.add_scalar("tokens-per-second", tokens / max(seconds, 1e-9), iteration)
+        if iteration % self.args.log_interval == 0 or iteration == self.train_iters:
+            counted = max(self.iters - self.nan, 1)
+            per_iter = self.seconds / self.iters
+            self.logger.info(training_log_line(
+                iteration, self.train_iters, consumed_samples, per_iter * 1000.0, lr,
+                self.args.global_batch_size, {n: v / counted for n, v in self.loss_sum.items()},
+                1.0, grad_norm, self.skipped, self.nan, tokens / max(per_iter, 1e-9)))
+            self._reset()
+
+    def validation(self, label, iteration, losses):
+        for line in validation_lines(label, losses):
+            self.logger.info(line)
+        if self.writer is not None:
+            for name, value in losses.items():
+                self.writer.add_scalar(f"{name} validation", value, iteration)
+                self.writer.add_scalar(f"{name} validation ppl", math.exp(min(20.0, value)), iteration)
+
+    def metrics(self, label, iteration, metrics):
+        """A finetuning evaluation: `metrics` {name: float} on one line and in TensorBoard."""
+        self.logger.info(f" {label} | " + " | ".join(f"{k}: {v:.6f}" for k, v in metrics.items()) + " |")
+        if self.writer is not None:
+            for name, value in metrics.items():
+                self.writer.add_scalar(f"validation {name}", value, iteration)
+
+    def close(self):
+        self.bar.close()
+        if self.writer is not None:
+            self.writer.flush()

@@ -1,0 +1,98 @@
+"""One optimizer step as ONE compiled MindSpore graph.
+
+    for each micro-batch i:   loss_i, grads_i = value_and_grad(forward)(micro_batch_i)
+    grads = mean_i grads_i;   norm = ||grads||;   clip to --clip-grad
+    if all grads finite:      optimizer(grads, lr)
+
+Everything above runs inside a single `mindspore.jit` graph. Measured on CPU (MINDSPORE_NOTES and
+benchmarks/bench_pretrain.py): the fused graph trains as fast as GRAPH_MODE `TrainOneStepCell`,
+while the same work split over two graphs (gradients, then update) is about 2x slower, and an
+eager forward with a compiled model is slower still. The tensor-dependent `if` around the update
+is what loss scaling needs anyway, and it also stops a MindSpore runtime thread from spinning.
+
+The micro-batches of a step arrive stacked, a dict (or tuple) of tensors `[num_micro, ...]`;
+`forward(micro_batch)` must be traceable by `mindspore.jit` (see Pretrainer/Finetuner docs).
+With `jit=False` the very same function runs eagerly (PyNative) for debugging.
+"""
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from rapidgpt.optim.clip_grads import clip_grads_by_global_norm
+
+
+def loss_of(output):
+    """A forward hook's result as a scalar loss: `loss`, `(output, loss_fn)` as Megatron's
+    forward_step returns, and a loss_fn returning `(loss, stats)` are all accepted."""
+    if isinstance(output, tuple):
+        output = output[1](output[0])
+        if isinstance(output, tuple):
+            output = output[0]
+    return output
+
+
+def select_micro_batch(stacked, i):
+    if isinstance(stacked, dict):
+        return {key: value[i] for key, value in stacked.items()}
+    return tuple(value[i] for value in stacked)
+
+
+class _StepCell(nn.Cell):
+    """The step graph as a Cell, as MindSpore's TrainOneStepCell is."""
+
+    def __init__(self, forward, optimizer, num_micro_batches, clip_grad):
+        super().__init__(auto_prefix=False)
+        self.forward = forward
+        self.optimizer = optimizer
+        self.grad_fn = ms.value_and_grad(self.forward_loss, None, ms.ParameterTuple(optimizer.parameters))
+        self.num_micro_batches = num_micro_batches
+        self.clip_grad = clip_grad
+
+    def forward_loss(self, micro_batch):
+        return loss_of(self.forward(micro_batch))
+
+    def construct(self, stacked, lr):
+        n = self.num_micro_batches
+        total, grads = None, None
+        for i in range(n):          # unrolled: each micro-batch is its own subgraph
+            loss, micro_grads = self.grad_fn(select_micro_batch(stacked, i))
+            total = loss if total is None else total + loss
+            grads = micro_grads if grads is None else tuple(a + b for a, b in zip(grads, micro_grads))
+        if n > 1:
+            grads = tuple(g / n for g in grads)
+            total = total / n
+        grads, norm = clip_grads_by_global_norm(grads, self.clip_grad)
+        finite = ms.amp.all_finite(grads)
+        if finite:
+            self.optimizer(grads, lr)
+        return total, norm, finite
+
+
+class TrainStep:
+    """Callable `step(stacked_batches, lr) -> (mean loss, grad norm, finite)` for a fixed model.
+
+    `forward(micro_batch) -> loss` (or Megatron's `(output, loss_fn)`); `optimizer(grads, lr)`
+    updates `optimizer.parameters`.
+    """
+
+    def __init__(self, forward, optimizer, num_micro_batches, clip_grad, jit=True):
+        cell = _StepCell(forward, optimizer, num_micro_batches, clip_grad)
+        self._step = ms.jit(cell.construct) if jit else cell
+
+    def __call__(self, stacked, lr):
+        # mutable: a dict/tuple of tensors is otherwise a compile-time constant, and the step
+        # would be compiled again for every batch.
+        loss, norm, finite = self._step(ms.mutable(stacked), Tensor(lr, ms.float32))
+        return float(loss), float(norm), bool(finite)
+
+
+class EvalStep:
+    """Callable `step(micro_batch) -> loss` (forward only, compiled unless jit=False)."""
+
+    def __init__(self, forward, jit=True):
+        def step(micro_batch):
+            return ops.stop_gradient(loss_of(forward(micro_batch)))
+
+        self._step = ms.jit(step) if jit else step
+
+    def __call__(self, micro_batch):
+        return float(self._step(ms.mutable(micro_batch)))

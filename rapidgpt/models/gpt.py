@@ -50,12 +50,16 @@ class GPTModel(nn.Cell):
     def output_weight(self):
         return self.output_layer.weight if self.untied else self.word_embeddings.weight
 
-    def construct(self, tokens, position_ids, attention_mask=None, labels=None):
+    def hidden_states(self, tokens, position_ids, attention_mask=None):
+        """Final-LayerNorm hidden states `[b, s, h]` (for heads such as classification)."""
         x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)   # [b, s, h]
         x = self.embedding_dropout(x)
         for layer in self.layers:
             x = layer(x, attention_mask)
-        x = self.final_layernorm(x)
+        return self.final_layernorm(x)
+
+    def construct(self, tokens, position_ids, attention_mask=None, labels=None):
+        x = self.hidden_states(tokens, position_ids, attention_mask)
         b, s, h = x.shape
         logits = self.logits_matmul(x.reshape(b * s, h), self.output_weight())      # [b*s, padded]
         if self.padded_vocab_size > self.vocab_size:

@@ -1,0 +1,319 @@
+"""The single-process engine: flags, templates, GPT vs numpy, compiled step semantics, log lines."""
+import math
+import re
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from rapidgpt.arguments import ArgumentError, build_parser, padded_vocab_size, parse_args, validate_args
+from rapidgpt.engine import RapidGPTEngine
+from rapidgpt.models.gpt import build_gpt_model, lm_loss_func
+from rapidgpt.parallel.random import initialize_parameters
+from rapidgpt.parallel.state import ParallelState
+from rapidgpt.training.finetuner import Finetuner
+from rapidgpt.training.pretrainer import Pretrainer, next_batch
+from rapidgpt.training.reporting import training_log_line, validation_lines
+from rapidgpt.training.step import TrainStep
+
+TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+        "--vocab-size", "50", "--micro-batch-size", "4", "--no-progress-bar", "--seed", "7"]
+
+
+def make_engine(*extra):
+    return RapidGPTEngine(argv=TINY + list(extra))
+
+
+def validate(*argv):
+    return validate_args(build_parser().parse_args(list(argv)))
+
+
+# ---- flags ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,message", [
+    (["--hidden-size", "30", "--num-attention-heads", "4"],
+     "--hidden-size 30 must be divisible by --num-attention-heads 4"),
+    (["--micro-batch-size", "3", "--global-batch-size", "8"],
+     "--global-batch-size 8 must be a positive multiple of --micro-batch-size 3"),
+    (["--train-iters", "5", "--train-samples", "40"], "give either --train-iters or --train-samples"),
+    (["--seq-length", "64", "--max-position-embeddings", "32"],
+     "--max-position-embeddings 32 is smaller than --seq-length 64"),
+    (["--lr", "1e-3", "--min-lr", "1e-2"], "--min-lr 0.01 must be in [0, --lr 0.001]"),
+    (["--split", "a,b"], "--split 'a,b': expected up to three non-negative weights"),
+    (["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json"], "--merge-file is required"),
+    (["--hidden-dropout", "1.0"], "--hidden-dropout must be in [0, 1)"),
+    (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size: not supported by this build"),
+    (["--fp16"], "--fp16: not supported by this build (mixed precision arrives"),
+    (["--save", "ckpt"], "--save: not supported by this build (checkpointing arrives"),
+    (["--recompute-granularity", "full"], "--recompute-granularity: not supported by this build"),
+    (["--user-script", "nope.py"], "--user-script nope.py: no such file"),
+])
+def test_flag_errors_name_the_flag(argv, message):
+    with pytest.raises(ArgumentError) as e:
+        validate(*argv)
+    assert message in str(e.value)
+
+
+def test_parse_args_exits_2_with_one_message(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv=["--num-layers", "0"])
+    assert e.value.code == 2
+    assert "error: --num-layers must be positive, got 0" in capsys.readouterr().err
+
+
+def test_derived_values_and_extra_args():
+    def extra(parser):
+        parser.add_argument("--my-flag", type=int, default=3)
+    args = parse_args(extra, ["--micro-batch-size", "2", "--global-batch-size", "8", "--train-samples", "20",
+                              "--hidden-size", "64", "--my-flag", "5"])
+    assert args.num_micro_batches == 4 and args.train_iters == 3 and args.data_parallel_size == 1
+    assert args.ffn_hidden_size == 256 and args.max_position_embeddings == args.seq_length
+    assert args.my_flag == 5
+    assert padded_vocab_size(50257, 128) == 50304 and padded_vocab_size(8000, 64) == 8000
+    assert padded_vocab_size(50257, 128, 2) == 50432
+
+
+def test_megatron_command_line_parses():
+    """A Megatron GPT pretraining command line, program name changed, parses unchanged."""
+    args = parse_args(argv=(
+        "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+        "--max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 8 --train-iters 100 "
+        "--lr 0.00015 --min-lr 1.0e-5 --lr-decay-style cosine --lr-decay-iters 80 --lr-warmup-fraction .01 "
+        "--weight-decay 1e-2 --clip-grad 1.0 --data-path my_text_document --vocab-file v.json "
+        "--merge-file m.txt --tokenizer-type GPT2BPETokenizer --split 949,50,1 --data-impl mmap "
+        "--log-interval 10 --eval-interval 50 --eval-iters 5 --tensorboard-dir tb --seed 42").split())
+    assert args.num_micro_batches == 2 and args.lr_decay_style == "cosine" and args.data_path == ["my_text_document"]
+
+
+def test_parallel_state_rank_order_is_megatrons():
+    state = ParallelState(world_size=8, rank=5, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    assert state.data_parallel_size == 2
+    assert state.coordinates() == (1, 0, 1)                    # rank = tp + 2*(dp + 2*pp)
+    assert state.tensor_parallel_ranks() == [4, 5]
+    assert state.data_parallel_ranks() == [5, 7]
+    assert state.pipeline_parallel_ranks() == [1, 5]
+    with pytest.raises(ValueError, match="world size 6 is not divisible by --tensor-model-parallel-size 4"):
+        ParallelState(world_size=6, tensor_model_parallel_size=4)
+
+
+# ---- template contract ----------------------------------------------------------------------------
+
+def test_missing_hooks_are_named_with_signatures():
+    make_engine("--train-iters", "1")
+
+    class Half(Pretrainer):
+        def run_forward_step(self, data_iterator, model):
+            return None
+
+    with pytest.raises(NotImplementedError) as e:
+        Half().train()
+    text = str(e.value)
+    assert "Half must implement these hooks of Pretrainer" in text
+    assert "def train_valid_test_datasets_provider(self, train_val_test_num_samples)" in text
+    assert "def model_optimizer_lr_scheduler_provider(self, pre_process=True" in text
+    assert "run_forward_step" not in text and "run_compute_metrics" not in text   # given / has default
+
+    class Empty(Finetuner):
+        pass
+
+    with pytest.raises(NotImplementedError) as e:
+        Empty().train()
+    assert all(h in str(e.value) for h in ("train_valid_test_datasets_provider(self)",
+                                           "run_forward_step(self, batch, model)",
+                                           "run_compute_metrics(self, model, eval_dataloader)"))
+
+
+def test_next_batch_outside_and_inside_the_compiled_step():
+    assert next_batch(iter([{"a": 1}])) == {"a": 1}
+    batch = {"tokens": 1}
+    assert next_batch(batch) is batch
+
+
+# ---- the GPT against numpy ------------------------------------------------------------------------
+
+def _layernorm(x, gamma, beta, eps=1e-5):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def numpy_gpt_logits(params, tokens, heads):
+    """GPT forward in float64 numpy from the RapidGPT parameter dict (names as in the model)."""
+    p = {k: v.astype(np.float64) for k, v in params.items()}
+    b, s = tokens.shape
+    x = p["word_embeddings.weight"][tokens] + p["position_embeddings.weight"][np.arange(s)][None]
+    layer_ids = sorted({int(k.split(".")[1]) for k in p if k.startswith("layers.")})
+    for i in layer_ids:
+        q = lambda n: p[f"layers.{i}.{n}"]  # noqa: E731
+        h = _layernorm(x, q("input_layernorm.gamma"), q("input_layernorm.beta"))
+        qkv = h @ q("self_attention.query_key_value.weight").T + q("self_attention.query_key_value.bias")
+        hn = x.shape[-1] // heads
+        qkv = qkv.reshape(b, s, heads, 3, hn)
+        qh, kh, vh = (qkv[:, :, :, j].transpose(0, 2, 1, 3) for j in range(3))
+        scores = qh @ kh.transpose(0, 1, 3, 2) / np.sqrt(hn)
+        scores = np.where(np.triu(np.ones((s, s), bool), 1), -10000.0, scores)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = (probs @ vh).transpose(0, 2, 1, 3).reshape(b, s, -1)
+        x = x + context @ q("self_attention.dense.weight").T + q("self_attention.dense.bias")
+        h = _layernorm(x, q("post_attention_layernorm.gamma"), q("post_attention_layernorm.beta"))
+        h = _gelu_tanh(h @ q("mlp.dense_h_to_4h.weight").T + q("mlp.dense_h_to_4h.bias"))
+        x = x + h @ q("mlp.dense_4h_to_h.weight").T + q("mlp.dense_4h_to_h.bias")
+    x = _layernorm(x, p["final_layernorm.gamma"], p["final_layernorm.beta"])
+    return x @ p["word_embeddings.weight"].T
+
+
+def _randomize_norms(model, seed=0):
+    """LayerNorm starts at ones/zeros; give it random values so the reference checks its use."""
+    rng = np.random.default_rng(seed)
+    for name, param in model.parameters_and_names():
+        if "layernorm" in name or name.endswith("bias"):
+            param.set_data(Tensor(rng.normal(1.0 if name.endswith("gamma") else 0.0, 0.1,
+                                             param.shape).astype(np.float32)))
+
+
+def test_gpt_forward_matches_numpy():
+    args = make_engine("--hidden-dropout", "0", "--attention-dropout", "0").args
+    model = build_gpt_model(args, 50)
+    initialize_parameters(model, args.seed)
+    _randomize_norms(model)
+    model.set_train(False)
+    tokens = np.random.default_rng(1).integers(0, 50, (2, 16)).astype(np.int32)
+    positions = np.tile(np.arange(16, dtype=np.int32), (2, 1))
+    logits = model(Tensor(tokens), Tensor(positions)).asnumpy()
+    params = {n: p.asnumpy() for n, p in model.parameters_and_names()}
+    reference = numpy_gpt_logits(params, tokens, heads=4)[..., :50]
+    np.testing.assert_allclose(logits, reference, rtol=1e-4, atol=1e-4)
+    losses = model(Tensor(tokens), Tensor(positions), None, Tensor(tokens)).asnumpy()
+    log_probs = reference - np.log(np.exp(reference).sum(-1, keepdims=True))
+    np.testing.assert_allclose(losses, -np.take_along_axis(log_probs, tokens[..., None], -1)[..., 0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_vocab_padding_does_not_change_the_model():
+    """Real rows are drawn identically whatever the padding; padded rows never reach the output."""
+    outputs = []
+    for divisible_by in ("1", "64"):
+        args = make_engine("--make-vocab-size-divisible-by", divisible_by, "--hidden-dropout", "0",
+                           "--attention-dropout", "0").args
+        model = build_gpt_model(args, 50)
+        initialize_parameters(model, args.seed)
+        model.set_train(False)
+        tokens = Tensor(np.arange(32, dtype=np.int32).reshape(2, 16) % 50)
+        positions = Tensor(np.tile(np.arange(16, dtype=np.int32), (2, 1)))
+        emb = model.word_embeddings.weight.asnumpy()
+        outputs.append((model.padded_vocab_size, emb, model(tokens, positions).asnumpy(),
+                        model(tokens, positions, None, tokens).asnumpy()))
+    (pad_a, emb_a, logits_a, loss_a), (pad_b, emb_b, logits_b, loss_b) = outputs
+    assert (pad_a, pad_b) == (50, 64) and logits_b.shape[-1] == 50
+    np.testing.assert_array_equal(emb_a, emb_b[:50])
+    assert not emb_b[50:].any()
+    np.testing.assert_allclose(logits_a, logits_b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loss_a, loss_b, rtol=1e-5, atol=1e-6)
+
+
+def test_initialization_is_seeded_by_name():
+    args = make_engine().args
+    a, b = build_gpt_model(args, 50), build_gpt_model(args, 50)
+    initialize_parameters(a, 7)
+    initialize_parameters(b, 7)
+    for (name, pa), (_, pb) in zip(a.parameters_and_names(), b.parameters_and_names()):
+        np.testing.assert_array_equal(pa.asnumpy(), pb.asnumpy(), err_msg=name)
+    q0 = a.layers[0].self_attention.query_key_value.weight.asnumpy()
+    q1 = a.layers[1].self_attention.query_key_value.weight.asnumpy()
+    assert not np.allclose(q0, q1)                                   # each name its own stream
+    assert abs(q0.std() - 0.02) < 0.003
+    dense_std = a.layers[0].self_attention.dense.weight.asnumpy().std()
+    assert abs(dense_std - 0.02 / math.sqrt(4)) < 0.002             # scaled init, 2 layers
+
+
+# ---- the compiled step ----------------------------------------------------------------------------
+
+def _model_and_batch(args, batch_size, seed=3):
+    model = build_gpt_model(args, 50)
+    initialize_parameters(model, args.seed)
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 50, (batch_size, 17)).astype(np.int32)
+    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
+             "loss_mask": np.ones((batch_size, 16), np.float32),
+             "position_ids": np.tile(np.arange(16, dtype=np.int32), (batch_size, 1))}
+    return model, batch
+
+
+def _forward(model):
+    def forward(batch):
+        output = model(batch["tokens"], batch["position_ids"], None, batch["labels"])
+        return output, lambda out: lm_loss_func(batch["loss_mask"], out)
+    return forward
+
+
+def test_grad_accumulation_equals_one_large_batch():
+    from rapidgpt.optim import SGD
+    args = make_engine("--hidden-dropout", "0", "--attention-dropout", "0").args
+    results = []
+    for n in (1, 2):
+        model, batch = _model_and_batch(args, 4)
+        model.set_train(True)
+        optimizer = SGD(model.trainable_params(), 0.5, momentum=0.0)
+        step = TrainStep(_forward(model), optimizer, n, clip_grad=0.0)
+        stacked = {k: Tensor(v.reshape((n, 4 // n) + v.shape[1:])) for k, v in batch.items()}
+        loss, norm, finite = step(stacked, 0.5)
+        results.append((loss, norm, {p.name: p.asnumpy().copy() for p in model.trainable_params()}))
+    (loss1, norm1, params1), (loss2, norm2, params2) = results
+    assert finite and loss1 == pytest.approx(loss2, rel=1e-6) and norm1 == pytest.approx(norm2, rel=1e-5)
+    for name in params1:
+        np.testing.assert_allclose(params1[name], params2[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_eager_and_compiled_steps_agree():
+    args = make_engine("--hidden-dropout", "0", "--attention-dropout", "0").args
+    losses = []
+    for jit in (True, False):
+        model, batch = _model_and_batch(args, 4)
+        from rapidgpt.optim import build_optimizer
+        optimizer = build_optimizer(args, model.trainable_params())
+        step = TrainStep(_forward(model), optimizer, 1, clip_grad=1.0, jit=jit)
+        stacked = {k: Tensor(v[None]) for k, v in batch.items()}
+        losses.append([step(stacked, 1e-3)[0] for _ in range(3)])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    assert losses[0][2] < losses[0][0]
+
+
+def test_loss_falls_on_a_tiny_overfit_run():
+    args = make_engine("--lr", "3e-3", "--hidden-dropout", "0", "--attention-dropout", "0").args
+    model, batch = _model_and_batch(args, 4)
+    from rapidgpt.optim import build_optimizer
+    step = TrainStep(_forward(model), build_optimizer(args, model.trainable_params()), 1, clip_grad=1.0)
+    stacked = {k: Tensor(v[None]) for k, v in batch.items()}
+    losses = [step(stacked, 3e-3)[0] for _ in range(40)]
+    assert losses[0] > math.log(50) - 0.5 and losses[-1] < 0.5 * losses[0]
+
+
+# ---- log lines ------------------------------------------------------------------------------------
+
+# What Megatron log parsers match (e.g. the regexes of Megatron's own CI and common plot scripts).
+MEGATRON_ITERATION = re.compile(
+    r"iteration\s+(\d+)/\s*(\d+) \| consumed samples:\s+(\d+) \| elapsed time per iteration \(ms\):"
+    r" ([\d.]+) \| learning rate: ([\d.E+-]+) \| global batch size:\s+(\d+) \| lm loss: ([\d.E+-]+) \|"
+    r" loss scale: ([\d.]+) \| grad norm: ([\d.]+) \| number of skipped iterations:\s+(\d+) \|"
+    r" number of nan iterations:\s+(\d+) \|")
+MEGATRON_VALIDATION = re.compile(r"validation loss at (.*?) \| lm loss value: ([\d.E+-]+) \| "
+                                 r"lm loss PPL: ([\d.E+-]+) \|")
+
+
+def test_log_lines_follow_megatron_format():
+    line = training_log_line(10, 100, 80, 512.34, 1e-3, 8, {"lm loss": 6.123456}, 1.0, 1.2345, 0, 0, 2000.0)
+    assert line == (" iteration       10/     100 | consumed samples:           80 | elapsed time per "
+                    "iteration (ms): 512.3 | learning rate: 1.000000E-03 | global batch size:     8 | "
+                    "lm loss: 6.123456E+00 | loss scale: 1.0 | grad norm: 1.234 | number of skipped "
+                    "iterations:   0 | number of nan iterations:   0 | tokens per second: 2000.0 |")
+    fields = MEGATRON_ITERATION.search(line).groups()
+    assert fields[0] == "10" and float(fields[6]) == pytest.approx(6.123456)
+    rule, text, rule2 = validation_lines("iteration 100", {"lm loss": 2.0})
+    assert rule == rule2 == "-" * (len(text) + 1)
+    assert MEGATRON_VALIDATION.search(text).groups() == ("iteration 100", "2.000000E+00", f"{math.exp(2):.6E}")

@@ -156,6 +156,9 @@ def _engine_args(parser):
     g.add_argument("--cpu-threads", type=int, default=None, help="MindSpore CPU threads (default: cores)")
     g.add_argument("--prompt", default=None, help="after pretraining, print a continuation of this text")
     g.add_argument("--max-new-tokens", type=int, default=48)
+    g.add_argument("--top-k", type=int, default=0, help="generation: sample among the k likeliest "
+                                                         "tokens (0: greedy)")
+    g.add_argument("--temperature", type=float, default=1.0, help="generation: softmax temperature")
 
 
 def build_parser(extra_args_provider=None):
@@ -257,6 +260,8 @@ def validate_args(args, world_size=1):
                  "--merge-file is required for --tokenizer-type GPT2BPETokenizer")
     _require(args.num_workers >= 0, f"--num-workers must be >= 0, got {args.num_workers}")
     _require(args.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    _require(args.top_k >= 0, f"--top-k must be >= 0 (0: greedy), got {args.top_k}")
+    _require(args.temperature > 0, f"--temperature must be positive, got {args.temperature}")
     _require(args.cpu_threads is None or args.cpu_threads > 0, "--cpu-threads must be positive")
     return args
 

@@ -317,3 +317,26 @@ def test_log_lines_follow_megatron_format():
     rule, text, rule2 = validation_lines("iteration 100", {"lm loss": 2.0})
     assert rule == rule2 == "-" * (len(text) + 1)
     assert MEGATRON_VALIDATION.search(text).groups() == ("iteration 100", "2.000000E+00", f"{math.exp(2):.6E}")
+
+
+def test_generation_greedy_and_top_k():
+    from rapidgpt.models.generation import generate
+
+    class CharTokenizer:                     # ids 0..49, eod 0: enough to drive generate()
+        eod = 0
+
+        def tokenize(self, text):
+            return [ord(c) % 49 + 1 for c in text]
+
+        def detokenize(self, ids):
+            return "".join(chr(96 + i % 26) for i in ids)
+
+    args = make_engine().args
+    model = build_gpt_model(args, 50)
+    initialize_parameters(model, args.seed)
+    model.set_train(True)
+    greedy = generate(model, CharTokenizer(), "abc", 8)
+    assert generate(model, CharTokenizer(), "abc", 8, top_k=1) == greedy
+    sampled = generate(model, CharTokenizer(), "abc", 8, top_k=5, temperature=0.7, seed=3)
+    assert sampled == generate(model, CharTokenizer(), "abc", 8, top_k=5, temperature=0.7, seed=3)
+    assert model.training                    # generate() restores the training mode

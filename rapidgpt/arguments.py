@@ -247,8 +247,17 @@ def validate_args(args, world_size=1):
     _require(args.clip_grad >= 0, f"--clip-grad must be >= 0 (0 disables clipping), got {args.clip_grad}")
     _require(args.weight_decay >= 0, f"--weight-decay must be >= 0, got {args.weight_decay}")
     _require(0 <= args.adam_beta1 < 1 and 0 <= args.adam_beta2 < 1, "--adam-beta1/--adam-beta2 must be in [0, 1)")
-    _require(not (args.lr_warmup_fraction is not None and args.lr_warmup_iters),
-             "give either --lr-warmup-fraction or --lr-warmup-iters, not both")
+    _require(not (args.lr_warmup_fraction is not None and (args.lr_warmup_iters or args.lr_warmup_samples)),
+             "give either --lr-warmup-fraction or --lr-warmup-iters/--lr-warmup-samples, not both")
+    # Iteration-based and sample-based schedule flags do not mix (Megatron would ignore one kind).
+    if args.train_samples:
+        _require(args.lr_decay_iters is None and not args.lr_warmup_iters,
+                 "with --train-samples give the schedule in samples: --lr-decay-samples, "
+                 "--lr-warmup-samples (not --lr-decay-iters/--lr-warmup-iters)")
+    else:
+        _require(args.lr_decay_samples is None and not args.lr_warmup_samples,
+                 "--lr-decay-samples/--lr-warmup-samples go with --train-samples; with --train-iters "
+                 "use --lr-decay-iters/--lr-warmup-iters")
 
     try:
         parse_split(args.split)

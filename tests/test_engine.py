@@ -340,3 +340,10 @@ def test_generation_greedy_and_top_k():
     sampled = generate(model, CharTokenizer(), "abc", 8, top_k=5, temperature=0.7, seed=3)
     assert sampled == generate(model, CharTokenizer(), "abc", 8, top_k=5, temperature=0.7, seed=3)
     assert model.training                    # generate() restores the training mode
+
+
+def test_schedule_units_do_not_mix():
+    with pytest.raises(ArgumentError, match="with --train-samples give the schedule in samples"):
+        validate("--train-samples", "100", "--lr-warmup-iters", "5")
+    with pytest.raises(ArgumentError, match="--lr-decay-samples/--lr-warmup-samples go with --train-samples"):
+        validate("--train-iters", "10", "--lr-decay-samples", "50")

@@ -90,8 +90,9 @@ def test_build_lr_scheduler_iterations_in_samples():
     assert (sched.max_lr, sched.min_lr) == (1e-3, 1e-5)
     sched = build_lr_scheduler(megatron_args(lr_decay_iters=50, lr_warmup_iters=0, lr_warmup_fraction=0.1))
     assert (sched.lr_decay_steps, sched.lr_warmup_steps) == (400, 40)
-    sched = build_lr_scheduler(megatron_args(global_batch_size=None), global_batch_size_fn=lambda: 4)
-    assert (sched.lr_decay_steps, sched.lr_warmup_steps) == (400, 40)
+    # The engine fills train_iters from --train-samples too; samples must still win.
+    sched = build_lr_scheduler(megatron_args(train_samples=640, lr_decay_samples=480, lr_warmup_samples=48))
+    assert (sched.lr_decay_steps, sched.lr_warmup_steps) == (480, 48)
     # Minimal namespace: Megatron's defaults (linear, min_lr 0, no warmup) for what is absent.
     sched = build_lr_scheduler(Namespace(lr=2e-4, train_iters=10, global_batch_size=2))
     assert (sched.lr_decay_style, sched.min_lr, sched.lr_warmup_steps, sched.lr_decay_steps) == ("linear", 0, 0, 20)
@@ -112,7 +113,6 @@ def test_build_lr_scheduler_samples():
      "--lr-warmup-fraction and --lr-warmup-samples"),
     (dict(lr_warmup_iters=0, lr_warmup_fraction=1.5), "--lr-warmup-fraction must lie"),
     (dict(train_iters=None), "--train-iters or --train-samples"),
-    (dict(global_batch_size=None), "--global-batch-size"),
     (dict(min_lr=1.0), "--min-lr"),
     (dict(lr_warmup_iters=200), "must not exceed"),
 ])

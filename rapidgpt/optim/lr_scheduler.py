@@ -108,38 +108,33 @@ class OptimizerParamScheduler:
         self.num_steps = state_dict["num_steps"]
 
 
-def build_lr_scheduler(args, global_batch_size_fn=None):
+def build_lr_scheduler(args):
     """An `OptimizerParamScheduler` from Megatron's flags (Megatron's get_optimizer_param_scheduler).
 
-    Iteration-based runs (`--train-iters`) convert iterations to samples with the global batch
-    size; sample-based runs (`--train-samples`) give samples directly. `--lr-warmup-fraction`
-    sets the warmup as a fraction of the decay length and excludes `--lr-warmup-iters/-samples`.
-    `--lr-warmup-init` (default 0) is where the warmup starts. `global_batch_size_fn()` supplies
-    the global batch size when `args.global_batch_size` is None (Megatron derives it as micro
-    batch x data-parallel size, known only after the process groups exist).
+    Sample-based runs (`--train-samples`) give the decay and warmup in samples
+    (`--lr-decay-samples`, `--lr-warmup-samples`); iteration-based runs (`--train-iters`) convert
+    iterations to samples with `--global-batch-size`. `--lr-warmup-fraction` sets the warmup as a
+    fraction of the decay length and excludes `--lr-warmup-iters/-samples`. `--lr-warmup-init`
+    (default 0) is where the warmup starts.
     """
     train_iters = getattr(args, "train_iters", None)
     train_samples = getattr(args, "train_samples", None)
     warmup_fraction = getattr(args, "lr_warmup_fraction", None)
-    if train_iters:
-        decay_iters = getattr(args, "lr_decay_iters", None)
-        if decay_iters is None:
-            decay_iters = train_iters
-        warmup_iters = getattr(args, "lr_warmup_iters", 0)
-        warmup_flag = "--lr-warmup-iters"
-        global_batch_size = getattr(args, "global_batch_size", None)
-        if global_batch_size is None:
-            if global_batch_size_fn is None:
-                raise ValueError("--global-batch-size is needed to convert iterations to samples")
-            global_batch_size = global_batch_size_fn()
-        decay_steps = decay_iters * global_batch_size
-        warmup_steps = warmup_iters * global_batch_size
-    elif train_samples:
+    # Checked first: the engine also derives --train-iters from --train-samples for its loop.
+    if train_samples:
         decay_steps = getattr(args, "lr_decay_samples", None)
         if decay_steps is None:
             decay_steps = train_samples
         warmup_steps = getattr(args, "lr_warmup_samples", 0)
         warmup_flag = "--lr-warmup-samples"
+    elif train_iters:
+        decay_iters = getattr(args, "lr_decay_iters", None)
+        if decay_iters is None:
+            decay_iters = train_iters
+        warmup_iters = getattr(args, "lr_warmup_iters", 0)
+        warmup_flag = "--lr-warmup-iters"
+        decay_steps = decay_iters * args.global_batch_size
+        warmup_steps = warmup_iters * args.global_batch_size
     else:
         raise ValueError("either --train-iters or --train-samples must be given")
     if warmup_fraction is not None:

@@ -249,6 +249,16 @@ def validate_args(args, world_size=1):
     _require(0 <= args.adam_beta1 < 1 and 0 <= args.adam_beta2 < 1, "--adam-beta1/--adam-beta2 must be in [0, 1)")
     _require(not (args.lr_warmup_fraction is not None and (args.lr_warmup_iters or args.lr_warmup_samples)),
              "give either --lr-warmup-fraction or --lr-warmup-iters/--lr-warmup-samples, not both")
+    if args.train_iters and not args.train_samples and args.lr_warmup_iters:
+        decay_iters = args.lr_decay_iters or args.train_iters
+        _require(args.lr_warmup_iters <= decay_iters,
+                 f"--lr-warmup-iters {args.lr_warmup_iters} is longer than the decay "
+                 f"({decay_iters} iterations, --lr-decay-iters or --train-iters); shorten the warmup")
+    if args.train_samples and args.lr_warmup_samples:
+        decay_samples = args.lr_decay_samples or args.train_samples
+        _require(args.lr_warmup_samples <= decay_samples,
+                 f"--lr-warmup-samples {args.lr_warmup_samples} is longer than the decay "
+                 f"({decay_samples} samples); shorten the warmup")
     # Iteration-based and sample-based schedule flags do not mix (Megatron would ignore one kind).
     if args.train_samples:
         _require(args.lr_decay_iters is None and not args.lr_warmup_iters,

@@ -19,6 +19,8 @@ def main(argv=None):
     if known.version:
         print(f"rapidgpt {__version__}")
         return 0
+    if known.help and known.user_script and os.path.isfile(known.user_script):
+        known.help = False         # the script's engine prints the help, with the script's own flags
     if known.help or not (known.task or known.user_script):
         from rapidgpt.arguments import build_parser
         build_parser().print_help()

@@ -70,11 +70,12 @@ class RapidGPTEngine:
         """Rapidformer's no-trainer mode for a hand-written loop.
 
         Returns `(model, optimizer, lr_scheduler, train_dataloader)`: the model with RapidGPT's
-        seeded initialisation, an optimizer whose `step(forward_fn, *inputs)` runs the compiled
+        seeded initialisation, in training mode, an optimizer whose `step(forward_fn, *inputs)` runs the compiled
         forward/backward/clip/update at the scheduler's learning rate and returns the loss, and the
         scheduler (built from the flags when None; advance it with `lr_scheduler.step(samples)`).
         """
         initialize_parameters(model, self.args.seed)
+        model.set_train(True)          # MindSpore cells start in eval mode (no dropout)
         optimizer = optimizer or build_optimizer(self.args, model.trainable_params())
         lr_scheduler = lr_scheduler or build_lr_scheduler(self.args)
         return model, ComposedOptimizer(optimizer, lr_scheduler, self.args), lr_scheduler, train_dataloader

@@ -347,3 +347,8 @@ def test_schedule_units_do_not_mix():
         validate("--train-samples", "100", "--lr-warmup-iters", "5")
     with pytest.raises(ArgumentError, match="--lr-decay-samples/--lr-warmup-samples go with --train-samples"):
         validate("--train-iters", "10", "--lr-decay-samples", "50")
+
+
+def test_warmup_longer_than_decay_is_a_flag_error():
+    with pytest.raises(ArgumentError, match="--lr-warmup-iters 10 is longer than the decay"):
+        validate("--train-iters", "4", "--lr-warmup-iters", "10")

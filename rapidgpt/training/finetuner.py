@@ -60,7 +60,9 @@ class Finetuner(Trainer):
                              f"--global-batch-size {args.global_batch_size}")
         if not (args.epochs or args.train_iters):
             raise ValueError("finetuning needs --epochs (or --train-iters)")
-        train_iters = args.train_iters or args.epochs * iters_per_epoch
+        # --epochs becomes iterations here, before the default LR schedule (which decays over
+        # --train-iters) is built.
+        args.train_iters = train_iters = args.train_iters or args.epochs * iters_per_epoch
         model, optimizer, scheduler = self.build_model_optimizer_scheduler()
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, scheduler
         sampler = EpochSampler(len(train_ds), 0, args.micro_batch_size, seed=args.seed)

@@ -1,0 +1,29 @@
+# Shared by the launchers in this folder (sourced, not run): finds the repository, the `rapidgpt`
+# program and its Python, and the embedded demo corpus used when no data is given.
+#
+#   RAPIDGPT   the rapidgpt program   (default: the repository's .venv, else `rapidgpt` on PATH)
+#   PYTHON     the Python it runs on  (default: the python beside RAPIDGPT, else python3)
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+if [[ -z "${RAPIDGPT:-}" ]]; then
+    if [[ -x "$REPO_ROOT/.venv/bin/rapidgpt" ]]; then
+        RAPIDGPT="$REPO_ROOT/.venv/bin/rapidgpt"
+    else
+        RAPIDGPT="$(command -v rapidgpt || true)"
+    fi
+fi
+if [[ -z "$RAPIDGPT" ]]; then
+    echo "error: no rapidgpt program: run 'make install' in $REPO_ROOT or 'pip install -e $REPO_ROOT'" >&2
+    exit 1
+fi
+if [[ -z "${PYTHON:-}" ]]; then
+    PYTHON="$(dirname "$RAPIDGPT")/python"
+    [[ -x "$PYTHON" ]] || PYTHON=python3
+fi
+
+# demo_corpus_path KEY: a path of the embedded demo corpus (data_prefix, vocab_file, merge_file),
+# built once into $RAPIDGPT_CACHE_DIR (default ~/.cache/rapidgpt) on first use.
+demo_corpus_path() {
+    "$PYTHON" -c "from rapidgpt.data.demo_corpus import demo_corpus; print(demo_corpus()['$1'])"
+}

@@ -1,0 +1,166 @@
+"""CLI smoke tests: the `rapidgpt` program on the black-box task and on every example in
+user_scripts/, run as a user would (a subprocess), with tiny models and a few iterations.
+
+The demo corpus is built once per test session into a temporary RAPIDGPT_CACHE_DIR.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+USER_SCRIPTS = REPO / "user_scripts"
+
+# 2 layers, hidden 64, sequence 32: each run compiles in a few seconds and trains in a few more.
+TINY_GPT = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+            "--seq-length", "32", "--no-progress-bar"]
+
+
+def rapidgpt_command():
+    """The venv's `rapidgpt` console script if installed, else the module."""
+    script = Path(sys.executable).parent / "rapidgpt"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "rapidgpt.cli"]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("rapidgpt_cache")
+
+
+@pytest.fixture(scope="module")
+def env(cache_dir):
+    environment = dict(os.environ, RAPIDGPT_CACHE_DIR=str(cache_dir), PYTHONUNBUFFERED="1")
+    environment.pop("RAPIDGPT_DEBUG", None)
+    return environment
+
+
+@pytest.fixture(scope="module")
+def demo(env, cache_dir):
+    """Paths of the demo corpus, built once in the module's cache dir (by a subprocess, so that
+    this test process never depends on the cache location)."""
+    code = ("from rapidgpt.data.demo_corpus import demo_corpus; p = demo_corpus(); "
+            "print(p['data_prefix']); print(p['vocab_file']); print(p['merge_file'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=300).stdout.split("\n")
+    prefix, vocab, merges = out[0], out[1], out[2]
+    assert prefix.startswith(str(cache_dir))
+    return {"data_prefix": prefix, "vocab_file": vocab, "merge_file": merges}
+
+
+def tokenizer_flags(demo):
+    return ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", demo["vocab_file"],
+            "--merge-file", demo["merge_file"]]
+
+
+def run(args, env, timeout=240):
+    return subprocess.run(rapidgpt_command() + list(args), env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def run_ok(args, env, **kwargs):
+    result = run(args, env, **kwargs)
+    assert result.returncode == 0, \
+        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result.stdout
+
+
+def lm_losses(output):
+    """The `lm loss` of each Megatron training log line."""
+    return [float(x) for x in re.findall(r" iteration +\d+/ *\d+ \|.*? lm loss: ([0-9.E+-]+) \|", output)]
+
+
+# ---- black-box task ----------------------------------------------------------------------------
+
+def test_task_pretraining_on_demo_corpus(env, demo):
+    out = run_ok(["--task", "pretraining", *TINY_GPT, "--micro-batch-size", "4", "--train-iters", "20",
+                  "--log-interval", "5", "--eval-interval", "10", "--eval-iters", "2", "--lr", "2e-3",
+                  "--max-new-tokens", "6"], env)
+    assert re.search(r" iteration +20/ +20 \| consumed samples: +80 \|", out), out
+    losses = lm_losses(out)
+    assert len(losses) == 4 and losses[-1] < losses[0], out
+    assert "validation loss at iteration 10 | lm loss value:" in out
+    assert "lm loss PPL:" in out
+    assert "validation loss at the end of training for val data" in out
+    assert "prompt: 'The assert statement'" in out
+    assert re.search(r"continuation \(greedy\): '.*'", out), out
+
+
+# ---- user_scripts/pretrain_gpt.py --------------------------------------------------------------
+
+def test_user_script_pretrain_gpt(env, demo):
+    out = run_ok(["--user-script", str(USER_SCRIPTS / "pretrain_gpt.py"), *TINY_GPT,
+                  "--data-path", demo["data_prefix"], *tokenizer_flags(demo), "--split", "90,8,2",
+                  "--micro-batch-size", "4", "--global-batch-size", "8", "--train-iters", "12",
+                  "--log-interval", "4", "--eval-interval", "6", "--eval-iters", "2", "--lr", "2e-3"], env)
+    assert "> GPT datasets: train" in out
+    assert re.search(r" iteration +12/ +12 \| consumed samples: +96 \|.* global batch size: +8 \|", out), out
+    losses = lm_losses(out)
+    assert len(losses) == 3 and losses[-1] < losses[0], out
+    assert "validation loss at iteration 6 | lm loss value:" in out
+    assert "validation loss at the end of training for test data" in out
+
+
+def test_user_script_pretrain_gpt_requires_data_path(env, demo):
+    result = run(["--user-script", str(USER_SCRIPTS / "pretrain_gpt.py"), *TINY_GPT,
+                  *tokenizer_flags(demo), "--train-iters", "2"], env)
+    assert result.returncode == 2, result.stderr
+    assert "--data-path PREFIX is required" in result.stderr
+
+
+def test_user_script_pretrain_gpt_tensorboard(env, demo, tmp_path):
+    tb = tmp_path / "tb"
+    run_ok(["--user-script", str(USER_SCRIPTS / "pretrain_gpt.py"), *TINY_GPT,
+            "--data-path", demo["data_prefix"], *tokenizer_flags(demo),
+            "--micro-batch-size", "4", "--train-iters", "4", "--log-interval", "2",
+            "--eval-interval", "2", "--eval-iters", "1", "--tensorboard-dir", str(tb)], env)
+    events = list(tb.glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0, list(tb.iterdir()) if tb.exists() else "no dir"
+
+
+# ---- user_scripts/finetune_classification.py ---------------------------------------------------
+
+def test_user_script_finetune_classification(env, demo):
+    out = run_ok(["--user-script", str(USER_SCRIPTS / "finetune_classification.py"), *TINY_GPT,
+                  *tokenizer_flags(demo), "--num-classes", "3", "--train-size", "512",
+                  "--valid-size", "128", "--micro-batch-size", "16", "--epochs", "2", "--lr", "2e-3",
+                  "--log-interval", "16"], env)
+    accuracies = [float(x) for x in
+                  re.findall(r"validation at epoch \d+ \(iteration \d+\) \| accuracy: ([0-9.]+)", out)]
+    assert len(accuracies) == 2, out
+    assert accuracies[-1] > 0.6, out          # chance is 1/3
+    assert "final validation accuracy" in out
+
+
+# ---- user_scripts/custom_loop.py ---------------------------------------------------------------
+
+def test_user_script_custom_loop(env, demo):
+    out = run_ok(["--user-script", str(USER_SCRIPTS / "custom_loop.py"), *TINY_GPT,
+                  "--micro-batch-size", "8", "--train-iters", "30", "--lr", "3e-3", "--log-interval", "10"],
+                 env)
+    losses = [float(x) for x in re.findall(r"step +\d+ \| loss ([0-9.]+) \|", out)]
+    assert len(losses) == 3, out
+    assert losses[-1] < losses[0] - 0.5, out
+
+
+# ---- command-line errors -----------------------------------------------------------------------
+
+def test_missing_user_script_file(env, tmp_path):
+    missing = tmp_path / "no_such_trainer.py"
+    result = run(["--user-script", str(missing)], env, timeout=120)
+    assert result.returncode == 2
+    assert f"--user-script {missing}: no such file" in result.stderr
+
+
+def test_neither_task_nor_user_script(env):
+    result = run(["--num-layers", "2"], env, timeout=120)
+    assert result.returncode == 2
+    assert "give --task pretraining or --user-script FILE" in result.stderr
+
+
+def test_flag_not_in_this_build(env):
+    result = run(["--task", "pretraining", "--tensor-model-parallel-size", "2"], env, timeout=120)
+    assert result.returncode == 2
+    assert "--tensor-model-parallel-size: not supported by this build" in result.stderr

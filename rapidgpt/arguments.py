@@ -10,6 +10,7 @@ work starts. Derived values (padded vocabulary, data-parallel size, micro-batche
 import argparse
 import math
 import os
+import sys
 
 from rapidgpt.data.gpt_dataset import parse_split
 
@@ -100,11 +101,8 @@ def _data_args(parser):
 # Flags whose feature arrives in a later release. They parse (so a Megatron launch script reads
 # without surprises) and any non-default value is refused with this explanation.
 NOT_YET = {
-    "checkpointing arrives with RapidGPT's checkpoint release": [
-        ("--save", None), ("--load", None), ("--save-interval", None), ("--no-save-optim", False),
-        ("--no-save-rng", False), ("--no-load-optim", False), ("--no-load-rng", False),
-        ("--finetune", False), ("--pretrained-checkpoint", None), ("--exit-interval", None),
-        ("--exit-duration-in-mins", None), ("--ckpt-format", None), ("--keep-last-n-checkpoints", None)],
+    "finetuning from a pretrained checkpoint arrives with the finetuning tasks; use --load "
+    "with --finetune": [("--pretrained-checkpoint", None)],
     "this build runs on one process; tensor/pipeline/data parallelism and the launcher arrive "
     "with the distributed release": [
         ("--tensor-model-parallel-size", 1), ("--pipeline-model-parallel-size", 1),
@@ -132,6 +130,31 @@ def _reserved_args(parser):
                 g.add_argument(flag, action="store_true")
             else:
                 g.add_argument(flag, type=int if isinstance(default, int) else str, default=default)
+
+
+def _checkpoint_args(parser):
+    g = parser.add_argument_group("checkpointing")
+    g.add_argument("--save", default=None, help="directory for checkpoints (Megatron layout)")
+    g.add_argument("--save-interval", type=int, default=None, help="save every this many iterations")
+    g.add_argument("--load", default=None, help="resume from the latest complete checkpoint here; "
+                   "model flags not given are taken from the checkpoint")
+    g.add_argument("--no-save-optim", action="store_true", help="save weights only")
+    g.add_argument("--no-save-rng", action="store_true")
+    g.add_argument("--no-load-optim", action="store_true")
+    g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--finetune", action="store_true",
+                   help="load weights only and start at iteration 0 with a fresh optimizer")
+    g.add_argument("--exit-interval", type=int, default=None,
+                   help="save and exit when the iteration is a multiple of this")
+    g.add_argument("--exit-duration-in-mins", type=float, default=None,
+                   help="save and exit once training has run this long")
+    g.add_argument("--ckpt-format", choices=["ckpt", "safetensors"], default="ckpt")
+    g.add_argument("--keep-last-n-checkpoints", type=int, default=None,
+                   help="delete older checkpoints once a newer one is complete")
+    g.add_argument("--skip-train", action="store_true", help="with --load: only evaluate")
+    g.add_argument("--override-opt_param-scheduler", dest="override_opt_param_scheduler",
+                   action="store_true", help="on --load, keep this run's LR schedule flags instead of "
+                   "requiring the checkpoint's (e.g. after changing --train-iters)")
 
 
 def _logging_args(parser):
@@ -165,8 +188,8 @@ def build_parser(extra_args_provider=None):
     parser = argparse.ArgumentParser(
         prog="rapidgpt", allow_abbrev=False,
         description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's names.")
-    for add in (_model_args, _batch_args, _optimizer_args, _data_args, _logging_args, _engine_args,
-                _reserved_args):
+    for add in (_model_args, _batch_args, _optimizer_args, _data_args, _checkpoint_args, _logging_args,
+                _engine_args, _reserved_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -176,12 +199,39 @@ def build_parser(extra_args_provider=None):
 def parse_args(extra_args_provider=None, argv=None):
     """Parse and validate; a bad value exits with status 2 and one message naming the flag."""
     parser = build_parser(extra_args_provider)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     try:
+        if args.load:
+            apply_checkpoint_args(args, given_flags(parser, argv))
         validate_args(args)
     except ArgumentError as e:
         parser.error(str(e))
     return args
+
+
+def given_flags(parser, argv):
+    """Destinations of the options that appear on the command line (`--flag v` or `--flag=v`)."""
+    written = {item.split("=", 1)[0] for item in argv if item.startswith("--")}
+    return {action.dest for action in parser._actions if written & set(action.option_strings)}
+
+
+def apply_checkpoint_args(args, given):
+    """Megatron's --use-checkpoint-args, by default: model flags not given come from the checkpoint
+    under --load; a given architecture flag that contradicts it is an error."""
+    from rapidgpt.training.checkpointing import (ARCHITECTURE_ARGS, CheckpointError, find_checkpoint,
+                                                 read_metadata)
+    try:
+        saved = read_metadata(find_checkpoint(args.load))["model"]
+    except CheckpointError as e:
+        raise ArgumentError(str(e)) from None
+    for name, value in saved.items():
+        if name not in given:
+            setattr(args, name, value)
+        elif name in ARCHITECTURE_ARGS and getattr(args, name) != value:
+            flag = "--" + name.replace("_", "-")
+            raise ArgumentError(f"{flag} {getattr(args, name)} contradicts the checkpoint under --load "
+                                f"{args.load}, which has {value}; drop {flag} to use the checkpoint's value")
 
 
 def _require(condition, message):
@@ -277,6 +327,13 @@ def validate_args(args, world_size=1):
         _require(args.vocab_file, f"--vocab-file is required for --tokenizer-type {args.tokenizer_type}")
         _require(args.tokenizer_type != "GPT2BPETokenizer" or args.merge_file,
                  "--merge-file is required for --tokenizer-type GPT2BPETokenizer")
+    _require(args.save_interval is None or (args.save_interval > 0 and args.save),
+             "--save-interval needs --save DIR and a positive interval")
+    for flag in ("exit_interval", "exit_duration_in_mins", "keep_last_n_checkpoints"):
+        value = getattr(args, flag)
+        _require(value is None or value > 0, f"--{flag.replace('_', '-')} must be positive, got {value}")
+    _require(not (args.skip_train and not args.load), "--skip-train evaluates a checkpoint: give --load")
+    _require(not (args.finetune and not args.load), "--finetune loads weights: give --load")
     _require(args.num_workers >= 0, f"--num-workers must be >= 0, got {args.num_workers}")
     _require(args.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     _require(args.top_k >= 0, f"--top-k must be >= 0 (0: greedy), got {args.top_k}")

@@ -37,13 +37,24 @@ def main(argv=None):
             print(f"rapidgpt: error: --task {known.task}: choose one of {', '.join(TASKS)}", file=sys.stderr)
             return 2
         from rapidgpt.tasks import pretraining
-        return pretraining.main(argv)
+        return _reported(pretraining.main, argv)
     if not os.path.isfile(known.user_script):
         print(f"rapidgpt: error: --user-script {known.user_script}: no such file", file=sys.stderr)
         return 2
     sys.argv = [known.user_script] + argv
-    runpy.run_path(known.user_script, run_name="__main__")
-    return 0
+    return _reported(runpy.run_path, known.user_script, run_name="__main__")
+
+
+def _reported(run, *args, **kwargs):
+    """Run; a RapidGPT error (bad checkpoint or data) becomes one line and exit status 1."""
+    from rapidgpt.data.indexed_dataset import IndexedDatasetError
+    from rapidgpt.training.checkpointing import CheckpointError
+    try:
+        result = run(*args, **kwargs)
+        return result if isinstance(result, int) else 0
+    except (CheckpointError, IndexedDatasetError) as e:
+        print(f"rapidgpt: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

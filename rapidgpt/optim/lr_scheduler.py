@@ -94,17 +94,18 @@ class OptimizerParamScheduler:
             "num_steps": self.num_steps,
         }
 
-    def load_state_dict(self, state_dict):
-        """Restore `num_steps`; the schedule settings must equal this run's.
+    def load_state_dict(self, state_dict, override=False):
+        """Restore `num_steps`; the schedule settings must equal this run's unless `override`.
 
-        Megatron (without --override-opt_param-scheduler / --use-checkpoint-opt_param-scheduler)
-        also refuses a checkpoint whose schedule differs: silently switching curves mid-run
-        is rarely what the user meant.
+        Megatron also refuses a checkpoint whose schedule differs unless told
+        (--override-opt_param-scheduler keeps this run's settings): silently switching curves
+        mid-run is rarely what the user meant.
         """
         for name, value in self.state_dict().items():
-            if name != "num_steps" and state_dict[name] != value:
+            if not override and name != "num_steps" and state_dict[name] != value:
                 raise ValueError(f"lr scheduler setting {name!r} differs: this run has {value!r}, "
-                                 f"the checkpoint has {state_dict[name]!r}")
+                                 f"the checkpoint has {state_dict[name]!r}; pass "
+                                 f"--override-opt_param-scheduler to continue with this run's schedule")
         self.num_steps = state_dict["num_steps"]
 
 

@@ -15,6 +15,7 @@ eagerly with the model in eval mode, over batches of tensors. Training runs `--e
 (or `--train-iters` iterations) in global batches of `--global-batch-size`, shuffled per epoch.
 """
 from rapidgpt.data.samplers import EpochSampler, SequentialSampler, micro_batches
+from rapidgpt.training.reporting import report_metrics
 from rapidgpt.training.trainer import Trainer, hook, to_tensors
 
 
@@ -65,7 +66,8 @@ class Finetuner(Trainer):
         args.train_iters = train_iters = args.train_iters or args.epochs * iters_per_epoch
         model, optimizer, scheduler = self.build_model_optimizer_scheduler()
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, scheduler
-        sampler = EpochSampler(len(train_ds), 0, args.micro_batch_size, seed=args.seed)
+        iteration, consumed = self.load_checkpoint_if_asked()
+        sampler = EpochSampler(len(train_ds), consumed, args.micro_batch_size, seed=args.seed)
         batches = micro_batches(train_ds, sampler, collate_fn, args.num_workers)
         eval_loader = EvalDataLoader(valid_ds, args.micro_batch_size, collate_fn) if valid_ds is not None else None
         self.history = []
@@ -76,11 +78,14 @@ class Finetuner(Trainer):
         def evaluate(iteration):
             metrics = {k: float(v) for k, v in self.run_compute_metrics(model, eval_loader).items()}
             epoch = iteration / iters_per_epoch
-            self.reporter.metrics(f"validation at epoch {epoch:g} (iteration {iteration})", iteration, metrics)
+            report_metrics(f"validation at epoch {epoch:g} (iteration {iteration})", iteration, metrics)
             self.history.append((iteration, metrics))
 
-        self.train_loop(model, optimizer, scheduler, forward, batches, train_iters,
-                        evaluate if eval_loader is not None else None, iters_per_epoch)
-        if eval_loader is not None and train_iters % iters_per_epoch:
+        finished = True
+        if not args.skip_train and iteration < train_iters:
+            finished = self.train_loop(model, optimizer, scheduler, forward, batches, train_iters,
+                                       evaluate if eval_loader is not None else None, iters_per_epoch,
+                                       start_iteration=iteration, consumed=consumed)
+        if finished and eval_loader is not None and (args.skip_train or train_iters % iters_per_epoch):
             self._evaluate_in_eval_mode(model, evaluate, train_iters)
         return model

@@ -17,6 +17,7 @@ traced (a dict of tensors `[micro_batch, ...]`) and is `next()` on a real iterat
 Code that cannot be compiled runs with `--no-jit` (PyNative, slower).
 """
 from rapidgpt.data.samplers import PretrainingSampler, micro_batches
+from rapidgpt.training.reporting import report_validation
 from rapidgpt.training.trainer import Trainer, hook, to_tensors
 
 
@@ -57,9 +58,9 @@ class Pretrainer(Trainer):
         evaluations = args.train_iters // args.eval_interval + 1
         return [args.train_iters * gbs, evaluations * args.eval_iters * gbs, args.eval_iters * gbs]
 
-    def _iterator(self, dataset):
+    def _iterator(self, dataset, consumed=0):
         args = self.args
-        sampler = PretrainingSampler(len(dataset), 0, args.micro_batch_size)
+        sampler = PretrainingSampler(len(dataset), consumed, args.micro_batch_size)
         return micro_batches(dataset, sampler, num_workers=args.num_workers)
 
     def train(self):
@@ -76,19 +77,30 @@ class Pretrainer(Trainer):
             return self.run_forward_step(micro_batch, model)
 
         self._eval_step = self.eval_step(forward)
-        valid_iterator = self._iterator(valid_ds) if valid_ds is not None and args.eval_iters else None
+        iteration, consumed = self.load_checkpoint_if_asked()
+        # Evaluations before `iteration` consumed these validation samples (Megatron's count).
+        gbs = args.global_batch_size
+        valid_consumed = (iteration // args.eval_interval) * args.eval_iters * gbs
+        valid_iterator = (self._iterator(valid_ds, valid_consumed)
+                          if valid_ds is not None and args.eval_iters else None)
 
         def evaluate(iteration, label=None, iterator=valid_iterator):
             metrics = self.run_compute_metrics(model, iterator)
-            self.reporter.validation(label or f"iteration {iteration}", iteration, metrics)
+            report_validation(label or f"iteration {iteration}", iteration, metrics)
             self.last_metrics = metrics
 
-        self.train_loop(model, optimizer, scheduler, forward, self._iterator(train_ds), args.train_iters,
-                        evaluate if valid_iterator else None, args.eval_interval)
+        finished = True
+        if not args.skip_train and iteration < args.train_iters:
+            finished = self.train_loop(model, optimizer, scheduler, forward, self._iterator(train_ds, consumed),
+                                       args.train_iters, evaluate if valid_iterator else None,
+                                       args.eval_interval, start_iteration=iteration, consumed=consumed)
+        if not finished:
+            return model
+        end = args.train_iters if not args.skip_train else iteration
         if valid_iterator is not None:
             self._evaluate_in_eval_mode(model, lambda it: evaluate(
-                it, "the end of training for val data"), args.train_iters)
+                it, "the end of training for val data"), end)
         if test_ds is not None and args.eval_iters:
             self._evaluate_in_eval_mode(model, lambda it: evaluate(
-                it, "the end of training for test data", self._iterator(test_ds)), args.train_iters)
+                it, "the end of training for test data", self._iterator(test_ds)), end)
         return model

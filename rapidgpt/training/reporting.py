@@ -36,6 +36,26 @@ def validation_lines(label, losses):
     return [rule, text, rule]
 
 
+def report_validation(label, iteration, losses):
+    """Megatron's validation block on the console/log, and TensorBoard scalars."""
+    for line in validation_lines(label, losses):
+        get_logger().info(line)
+    writer = get_tensorboard_writer()
+    if writer is not None:
+        for name, value in losses.items():
+            writer.add_scalar(f"{name} validation", value, iteration)
+            writer.add_scalar(f"{name} validation ppl", math.exp(min(20.0, value)), iteration)
+
+
+def report_metrics(label, iteration, metrics):
+    """A finetuning evaluation: `metrics` {name: float} on one line and in TensorBoard."""
+    get_logger().info(f" {label} | " + " | ".join(f"{k}: {v:.6f}" for k, v in metrics.items()) + " |")
+    writer = get_tensorboard_writer()
+    if writer is not None:
+        for name, value in metrics.items():
+            writer.add_scalar(f"validation {name}", value, iteration)
+
+
 class Reporter:
     """Accumulates per-iteration results and writes the log line every `log_interval` iterations."""
 
@@ -83,21 +103,6 @@ class Reporter:
                 self.args.global_batch_size, {n: v / counted for n, v in self.loss_sum.items()},
                 1.0, grad_norm, self.skipped, self.nan, tokens / max(per_iter, 1e-9)))
             self._reset()
-
-    def validation(self, label, iteration, losses):
-        for line in validation_lines(label, losses):
-            self.logger.info(line)
-        if self.writer is not None:
-            for name, value in losses.items():
-                self.writer.add_scalar(f"{name} validation", value, iteration)
-                self.writer.add_scalar(f"{name} validation ppl", math.exp(min(20.0, value)), iteration)
-
-    def metrics(self, label, iteration, metrics):
-        """A finetuning evaluation: `metrics` {name: float} on one line and in TensorBoard."""
-        self.logger.info(f" {label} | " + " | ".join(f"{k}: {v:.6f}" for k, v in metrics.items()) + " |")
-        if self.writer is not None:
-            for name, value in metrics.items():
-                self.writer.add_scalar(f"validation {name}", value, iteration)
 
     def close(self):
         self.bar.close()

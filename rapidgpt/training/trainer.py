@@ -15,6 +15,7 @@ from mindspore import Tensor
 from rapidgpt.global_vars import get_args, get_logger
 from rapidgpt.optim import build_lr_scheduler, build_optimizer
 from rapidgpt.parallel.random import initialize_parameters
+from rapidgpt.training.checkpointing import ExitSignal, load_checkpoint, save_checkpoint
 from rapidgpt.training.reporting import Reporter
 from rapidgpt.training.step import EvalStep, TrainStep
 
@@ -85,31 +86,72 @@ class Trainer:
                                 f"rapidgpt.optim.AdamW/SGD or return None to build one from the flags")
         return model, optimizer, scheduler
 
+    def load_checkpoint_if_asked(self):
+        """With --load: restore the state and return (iteration, consumed samples) to resume at."""
+        if not self.args.load:
+            return 0, 0
+        iteration, consumed = load_checkpoint(self.args, self.model, self.optimizer, self.lr_scheduler,
+                                              self.logger)
+        self.logger.info(f" loaded checkpoint from {self.args.load} at iteration {iteration}"
+                         + (" (--finetune: weights only, starting at iteration 0)" if self.args.finetune else ""))
+        return iteration, consumed
+
+    def save(self, iteration, consumed):
+        path = save_checkpoint(self.args, iteration, consumed, self.model, self.optimizer, self.lr_scheduler)
+        self.logger.info(f"  successfully saved checkpoint at iteration {iteration:7d} to {path}")
+
+    def _exit_reason(self, iteration, started, exit_signal):
+        args = self.args
+        if exit_signal.received:
+            return f"received {exit_signal.received}"
+        if args.exit_interval and iteration % args.exit_interval == 0:
+            return f"--exit-interval {args.exit_interval}"
+        if args.exit_duration_in_mins and time.time() - started > 60 * args.exit_duration_in_mins:
+            return f"--exit-duration-in-mins {args.exit_duration_in_mins}"
+        return None
+
     def train_loop(self, model, optimizer, scheduler, forward, train_batches, train_iters,
-                   evaluate=None, eval_interval=None, tokens_per_sample=None):
-        """Run `train_iters` iterations; `evaluate(iteration)` every `eval_interval` iterations."""
+                   evaluate=None, eval_interval=None, tokens_per_sample=None, start_iteration=0,
+                   consumed=0):
+        """Iterations `start_iteration+1 .. train_iters`; `evaluate(iteration)` every `eval_interval`.
+
+        Saves every --save-interval and at the end (with --save). On SIGTERM/SIGINT,
+        --exit-interval or --exit-duration-in-mins it saves at the step boundary and returns
+        False (training did not finish); otherwise True.
+        """
         args = self.args
         n, gbs = args.num_micro_batches, args.global_batch_size
         tokens_per_sample = tokens_per_sample or args.seq_length
         step = TrainStep(forward, optimizer, n, args.clip_grad, jit=args.jit)
-        reporter = Reporter(args, train_iters)
-        self.reporter = reporter
-        consumed = 0
+        reporter = Reporter(args, train_iters, start_iteration)
         model.set_train(True)
+        started, iteration, saved = time.time(), start_iteration, True
         try:
-            for iteration in range(1, train_iters + 1):
-                start = time.perf_counter()
-                stacked = stack_micro_batches([next(train_batches) for _ in range(n)])
-                loss, norm, finite = step(stacked, scheduler.get_lr())
-                scheduler.step(gbs)
-                consumed += gbs
-                reporter.iteration(iteration, consumed, {"lm loss": loss}, scheduler.get_lr(), norm,
-                                   finite, time.perf_counter() - start, gbs * tokens_per_sample)
-                if evaluate is not None and eval_interval and iteration % eval_interval == 0:
-                    self._evaluate_in_eval_mode(model, evaluate, iteration)
+            with ExitSignal() as exit_signal:
+                for iteration in range(start_iteration + 1, train_iters + 1):
+                    start = time.perf_counter()
+                    stacked = stack_micro_batches([next(train_batches) for _ in range(n)])
+                    loss, norm, finite = step(stacked, scheduler.get_lr())
+                    scheduler.step(gbs)
+                    consumed += gbs
+                    reporter.iteration(iteration, consumed, {"lm loss": loss}, scheduler.get_lr(), norm,
+                                       finite, time.perf_counter() - start, gbs * tokens_per_sample)
+                    if evaluate is not None and eval_interval and iteration % eval_interval == 0:
+                        self._evaluate_in_eval_mode(model, evaluate, iteration)
+                    saved = bool(args.save and args.save_interval and iteration % args.save_interval == 0)
+                    if saved:
+                        self.save(iteration, consumed)
+                    reason = self._exit_reason(iteration, started, exit_signal)
+                    if reason:
+                        if args.save and not saved:
+                            self.save(iteration, consumed)
+                        self.logger.info(f" exiting at iteration {iteration}: {reason}")
+                        return False
         finally:
             reporter.close()
-        return consumed
+        if args.save and not saved and iteration > start_iteration:
+            self.save(iteration, consumed)
+        return True
 
     def _evaluate_in_eval_mode(self, model, evaluate, iteration):
         model.set_train(False)

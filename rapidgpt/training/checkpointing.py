@@ -1,0 +1,307 @@
+"""Checkpoints in Megatron's layout that a crash can never corrupt.
+
+    <save>/latest_checkpointed_iteration.txt         "100"
+    <save>/iter_0000100/metadata.json                 model config, tokenizer, layout, versions
+    <save>/iter_0000100/mp_rank_00/model_optim_rng.ckpt   model + optimizer state (MindSpore ckpt)
+    <save>/iter_0000100/mp_rank_00/state.json         iteration, consumed samples, LR scheduler,
+                                                      python/numpy/MindSpore RNG states
+
+Writing: everything goes into a fresh temporary directory, every file is fsync'ed, the directory
+is renamed to `iter_XXXXXXX` in one step, and only then is `latest_checkpointed_iteration.txt`
+replaced (write + fsync + rename). Old checkpoints are pruned after that. A crash at any moment
+leaves the previous checkpoint complete and `latest` pointing at a complete checkpoint; a full
+disk ends the save with a clear error and removes only the partial new directory.
+
+Reading: `latest` is checked against the directory it names; a missing, partial or corrupt
+checkpoint is reported and the newest complete one is used instead, with a warning.
+"""
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+
+import mindspore as ms
+import numpy as np
+
+from rapidgpt import __version__
+from rapidgpt.parallel.state import get_parallel_state
+
+LATEST = "latest_checkpointed_iteration.txt"
+METADATA = "metadata.json"
+WEIGHTS = "model_optim_rng"          # + ".ckpt" or ".safetensors" (--ckpt-format)
+FORMATS = ("ckpt", "safetensors")
+STATE = "state.json"
+# Model flags a checkpoint records. Loading fills them in unless given; a given architecture flag
+# must match (tokenizer file paths may differ: files move between machines).
+ARCHITECTURE_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                     "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by",
+                     "untie_embeddings_and_output_weights", "layernorm_epsilon", "tokenizer_type")
+MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length", "vocab_file", "merge_file")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read; the message says which and what to do."""
+
+
+def iteration_dir(save, iteration):
+    return os.path.join(save, f"iter_{iteration:07d}")
+
+
+def rank_dir_name(tp_rank=0, pp_rank=0, pp_size=1):
+    """Megatron's per-rank folder: mp_rank_{tp:02d} or, with pipeline stages, mp_rank_{tp:02d}_{pp:03d}."""
+    return f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+
+
+def _fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path, payload):
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def rng_state():
+    """Every RNG stream a resumed run needs to continue identically."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, list(internal), gauss],
+            "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+            "mindspore": ms.get_rng_state().asnumpy().tolist()}
+
+
+def set_rng_state(state):
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, np.uint32), pos, has_gauss, cached))
+    ms.set_rng_state(ms.Tensor(np.array(state["mindspore"], np.uint8)))
+
+
+def _named_parameters(model, optimizer, with_optimizer):
+    """Model parameters, then the optimizer's own state (moments, step, lr), by unique name."""
+    params = {p.name: p for p in model.get_parameters()}
+    if with_optimizer and optimizer is not None:
+        for p in optimizer.get_parameters():
+            params.setdefault(p.name, p)
+    return params
+
+
+def model_config(args):
+    return {name: getattr(args, name, None) for name in MODEL_ARGS}
+
+
+class ExitSignal:
+    """SIGTERM/SIGINT (pre-emption, Ctrl-C) during training: remembered, acted on at the next step
+    boundary, where the loop saves a checkpoint and stops cleanly. A second signal is not caught."""
+
+    def __init__(self):
+        self.received = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = signal.Signals(signum).name
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def save_checkpoint(args, iteration, consumed_samples, model, optimizer, scheduler):
+    """Write checkpoint `iteration` under --save atomically, publish it, prune old ones."""
+    save, state = args.save, get_parallel_state()
+    final = iteration_dir(save, iteration)
+    tmp = os.path.join(save, f".iter_{iteration:07d}.tmp{os.getpid()}")
+    try:
+        os.makedirs(save, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tp_rank, _, pp_rank = state.coordinates()
+        rank_dir = os.path.join(tmp, rank_dir_name(tp_rank, pp_rank, state.pipeline_model_parallel_size))
+        os.makedirs(rank_dir)
+        params = _named_parameters(model, optimizer, not args.no_save_optim)
+        weights = os.path.join(rank_dir, f"{WEIGHTS}.{args.ckpt_format}")
+        ms.save_checkpoint([{"name": name, "data": p} for name, p in params.items()], weights,
+                           format=args.ckpt_format)
+        _fsync_path(weights)
+        _write_json(os.path.join(rank_dir, STATE), {
+            "iteration": iteration, "consumed_train_samples": consumed_samples,
+            "scheduler": scheduler.state_dict() if not args.no_save_optim else None,
+            "rng": rng_state() if not args.no_save_rng else None,
+            "has_optimizer": not args.no_save_optim})
+        _write_json(os.path.join(tmp, METADATA), {
+            "iteration": iteration, "consumed_train_samples": consumed_samples,
+            "model": model_config(args), "vocab_size": getattr(model, "vocab_size", None),
+            "padded_vocab_size": getattr(model, "padded_vocab_size", None),
+            "parallel": {"tensor_model_parallel_size": state.tensor_model_parallel_size,
+                         "pipeline_model_parallel_size": state.pipeline_model_parallel_size,
+                         "world_size": state.world_size},
+            "versions": {"rapidgpt": __version__, "mindspore": ms.__version__},
+            "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, list, type(None)))}})
+        _fsync_path(tmp)
+        if os.path.exists(final):          # saving an iteration again: swap, never delete first
+            trash = f"{final}.old{os.getpid()}"
+            os.rename(final, trash)
+            os.rename(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_path(save)
+        latest_tmp = os.path.join(save, f".{LATEST}.tmp{os.getpid()}")
+        with open(latest_tmp, "w") as f:
+            f.write(str(iteration))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(latest_tmp, os.path.join(save, LATEST))
+        _fsync_path(save)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = read_latest(save)
+        kept = f"the last complete checkpoint (iteration {previous}) is intact" if previous is not None \
+            else "no earlier checkpoint exists"
+        reason = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else str(e)
+        raise CheckpointError(f"could not save checkpoint {iteration} under --save {save}: {reason}; "
+                              f"{kept}. Free space or point --save elsewhere.") from e
+    prune_checkpoints(save, args.keep_last_n_checkpoints, keep=iteration)
+    return final
+
+
+def prune_checkpoints(save, keep_last_n, keep):
+    """Delete all but the newest `keep_last_n` complete checkpoints (never `keep`, the latest)."""
+    if not keep_last_n:
+        return
+    for iteration in complete_iterations(save)[:-keep_last_n]:
+        if iteration != keep:
+            shutil.rmtree(iteration_dir(save, iteration), ignore_errors=True)
+
+
+def read_latest(save):
+    try:
+        with open(os.path.join(save, LATEST)) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def checkpoint_problem(path):
+    """Why the checkpoint directory `path` cannot be loaded (None when it is complete)."""
+    metadata = os.path.join(path, METADATA)
+    if not os.path.isdir(path):
+        return "directory missing"
+    try:
+        with open(metadata) as f:
+            json.load(f)
+    except (OSError, ValueError) as e:
+        return f"{METADATA} unreadable ({e})"
+    rank_dirs = [d for d in os.listdir(path) if d.startswith("mp_rank_")]
+    if not rank_dirs:
+        return "no mp_rank_* directory"
+    for d in rank_dirs:
+        if _weights_file(os.path.join(path, d)) is None:
+            return f"{d}/{WEIGHTS}.ckpt|.safetensors missing or empty"
+        state = os.path.join(path, d, STATE)
+        if not os.path.isfile(state) or os.path.getsize(state) == 0:
+            return f"{d}/{STATE} missing or empty"
+    return None
+
+
+def _weights_file(rank_dir):
+    for fmt in FORMATS:
+        path = os.path.join(rank_dir, f"{WEIGHTS}.{fmt}")
+        if os.path.isfile(path) and os.path.getsize(path) > 0:
+            return path, fmt
+    return None
+
+
+def complete_iterations(save):
+    """Iterations of the complete checkpoints under `save`, ascending."""
+    found = []
+    for name in os.listdir(save) if os.path.isdir(save) else []:
+        if name.startswith("iter_") and name[5:].isdigit():
+            if checkpoint_problem(os.path.join(save, name)) is None:
+                found.append(int(name[5:]))
+    return sorted(found)
+
+
+def find_checkpoint(load, logger=None):
+    """The directory to load from --load: `latest`, or the newest complete one if that is broken."""
+    if os.path.isfile(os.path.join(load, METADATA)):
+        return load                            # --load points straight at an iter_* directory
+    latest = read_latest(load)
+    if latest is not None:
+        problem = checkpoint_problem(iteration_dir(load, latest))
+        if problem is None:
+            return iteration_dir(load, latest)
+        message = f"checkpoint {iteration_dir(load, latest)} named by {LATEST} is unusable ({problem})"
+    else:
+        message = f"{os.path.join(load, LATEST)} missing or unreadable"
+    complete = complete_iterations(load)
+    if not complete:
+        raise CheckpointError(f"--load {load}: no complete checkpoint found ({message})")
+    if logger is not None:
+        logger.warning(f"WARNING: {message}; falling back to the newest complete checkpoint, "
+                       f"iteration {complete[-1]}")
+    return iteration_dir(load, complete[-1])
+
+
+def read_metadata(path):
+    with open(os.path.join(path, METADATA)) as f:
+        return json.load(f)
+
+
+def load_checkpoint(args, model, optimizer, scheduler, logger=None):
+    """Restore model (+ optimizer, scheduler, RNG unless told not to) from --load.
+
+    Returns `(iteration, consumed_train_samples)` to continue from; `(0, 0)` with --finetune,
+    which takes the weights only. Must run before the first compiled step (graphs do not see
+    `set_data` made after they ran).
+    """
+    path = find_checkpoint(args.load, logger)
+    state = get_parallel_state()
+    tp_rank, _, pp_rank = state.coordinates()
+    rank_dir = os.path.join(path, rank_dir_name(tp_rank, pp_rank, state.pipeline_model_parallel_size))
+    try:
+        weights, fmt = _weights_file(rank_dir)
+        saved = ms.load_checkpoint(weights, format=fmt)
+        with open(os.path.join(rank_dir, STATE)) as f:
+            meta = json.load(f)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {rank_dir} cannot be read: {e}") from e
+    finetune = args.finetune
+    load_optimizer = not (finetune or args.no_load_optim) and meta["has_optimizer"]
+    params = _named_parameters(model, optimizer, load_optimizer)
+    missing = [name for name in params if name not in saved]
+    if missing:
+        raise CheckpointError(f"checkpoint {rank_dir} has no value for {len(missing)} parameters "
+                              f"(first: {missing[0]}); it was saved from a different model"
+                              )
+    for name, param in params.items():
+        value = saved[name]
+        if tuple(value.shape) != tuple(param.shape):
+            raise CheckpointError(f"checkpoint {rank_dir}: {name} has shape {tuple(value.shape)}, "
+                                  f"the model has {tuple(param.shape)}")
+        param.set_data(value.astype(param.dtype))
+    if finetune:
+        return 0, 0
+    if load_optimizer and meta["scheduler"] is not None:
+        try:
+            scheduler.load_state_dict(meta["scheduler"], override=args.override_opt_param_scheduler)
+        except ValueError as e:
+            raise CheckpointError(f"--load {args.load}: {e}") from None
+    if not args.no_load_rng and meta["rng"] is not None:
+        set_rng_state(meta["rng"])
+    return meta["iteration"], meta["consumed_train_samples"]

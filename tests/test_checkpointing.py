@@ -1,0 +1,150 @@
+"""Checkpoints: exact resume, crash safety, fallback to the last complete one, flag checks."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rapidgpt.arguments import ArgumentError, build_parser, given_flags, apply_checkpoint_args
+from rapidgpt.tasks.pretraining import main as pretrain_main
+from rapidgpt.training.checkpointing import LATEST, checkpoint_problem, find_checkpoint, iteration_dir
+
+# Dropout off: this build's dropout draws from MindSpore's kernel RNG, whose state cannot be saved.
+TINY = ["--task", "pretraining", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3",
+        "--lr-warmup-iters", "2", "--log-interval", "1", "--eval-interval", "4", "--eval-iters", "1",
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--no-progress-bar", "--max-new-tokens", "0"]
+LOSS_LINE = re.compile(r" iteration\s+(\d+)/.*?\| lm loss: ([\d.E+-]+) \|.*grad norm: ([\d.]+)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def demo_cache(tmp_path_factory):
+    os.environ["RAPIDGPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    os.environ.pop("RAPIDGPT_CACHE_DIR", None)
+
+
+def run(capsys, *argv):
+    assert pretrain_main(TINY + list(argv)) == 0
+    out = capsys.readouterr().out
+    return {int(m.group(1)): (m.group(2), m.group(3)) for m in LOSS_LINE.finditer(out)}, out
+
+
+def test_resume_continues_the_uninterrupted_run_exactly(tmp_path, capsys):
+    full, _ = run(capsys, "--train-iters", "8", "--seed", "3")
+    save = str(tmp_path / "ckpt")
+    first, _ = run(capsys, "--train-iters", "8", "--exit-interval", "4", "--save", save, "--seed", "3")
+    assert sorted(first) == [1, 2, 3, 4] and open(os.path.join(save, LATEST)).read() == "4"
+    resumed, out = run(capsys, "--train-iters", "8", "--load", save, "--save", save, "--seed", "3")
+    assert "loaded checkpoint from" in out and sorted(resumed) == [5, 6, 7, 8]
+    assert {i: full[i] for i in range(5, 9)} == resumed            # loss and grad norm, to the digit
+    assert {i: full[i] for i in range(1, 5)} == first
+    assert open(os.path.join(save, LATEST)).read() == "8"
+
+
+def test_layout_metadata_and_pruning(tmp_path, capsys):
+    save = tmp_path / "ckpt"
+    run(capsys, "--train-iters", "6", "--save", str(save), "--save-interval", "2", "--keep-last-n-checkpoints", "2",
+        "--ckpt-format", "safetensors")
+    assert {p.name for p in save.iterdir()} == {LATEST, "iter_0000004", "iter_0000006"}
+    meta = json.loads((save / "iter_0000006" / "metadata.json").read_text())
+    assert meta["iteration"] == 6 and meta["consumed_train_samples"] == 24
+    assert meta["model"]["hidden_size"] == 32 and meta["parallel"]["tensor_model_parallel_size"] == 1
+    assert meta["versions"]["mindspore"] == "2.10.0"
+    assert (save / "iter_0000006" / "mp_rank_00" / "model_optim_rng.safetensors").is_file()
+
+
+def test_checkpoint_args_are_used_and_contradictions_refused(tmp_path, capsys):
+    save = str(tmp_path / "ckpt")
+    run(capsys, "--train-iters", "2", "--save", save)
+    parser = build_parser()
+    argv = ["--load", save, "--hidden-size", "64"]
+    args = parser.parse_args(argv)
+    with pytest.raises(ArgumentError, match=r"--hidden-size 64 contradicts the checkpoint under --load .* "
+                                             r"which has 32; drop --hidden-size"):
+        apply_checkpoint_args(args, given_flags(parser, argv))
+    argv = ["--load", save]
+    args = parser.parse_args(argv)
+    apply_checkpoint_args(args, given_flags(parser, argv))
+    assert (args.num_layers, args.hidden_size, args.seq_length) == (2, 32, 16)
+
+
+def test_partial_latest_falls_back_with_a_warning(tmp_path, capsys):
+    save = tmp_path / "ckpt"
+    run(capsys, "--train-iters", "4", "--save", str(save), "--save-interval", "2")
+    weights = save / "iter_0000004" / "mp_rank_00" / "model_optim_rng.ckpt"
+    os.chmod(weights, 0o600)
+    weights.write_bytes(b"")                                        # a torn write
+    assert "model_optim_rng.ckpt|.safetensors missing or empty" in checkpoint_problem(str(save / "iter_0000004"))
+    assert find_checkpoint(str(save)) == iteration_dir(str(save), 2)
+    _, out = run(capsys, "--train-iters", "4", "--load", str(save))
+    assert "WARNING: checkpoint" in out and "falling back to the newest complete checkpoint, iteration 2" in out
+    assert "loaded checkpoint from" in out and " iteration        3/" in out
+
+
+def test_no_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit):
+        pretrain_main(TINY + ["--train-iters", "2", "--load", str(tmp_path / "empty")])
+
+
+def test_changed_schedule_needs_the_override_flag(tmp_path):
+    save = str(tmp_path / "ckpt")
+    subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + TINY + ["--train-iters", "2", "--save", save],
+                   check=True, capture_output=True)
+    out = subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + TINY + ["--train-iters", "4", "--load", save],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "rapidgpt: error: --load" in out.stderr and "pass --override-opt_param-scheduler" in out.stderr
+
+
+def test_skip_train_evaluates_the_checkpoint(tmp_path, capsys):
+    save = str(tmp_path / "ckpt")
+    run(capsys, "--train-iters", "4", "--save", save)
+    lines, out = run(capsys, "--train-iters", "4", "--load", save, "--skip-train")
+    assert lines == {} and "validation loss at the end of training for val data" in out
+
+
+def _spawn(argv, env):
+    return subprocess.Popen([sys.executable, "-m", "rapidgpt.cli"] + argv, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def test_sigterm_saves_at_the_step_boundary_and_sigkill_keeps_the_last_checkpoint(tmp_path):
+    save = str(tmp_path / "ckpt")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = _spawn(TINY + ["--train-iters", "100000", "--save", save, "--save-interval", "1"], env)
+    deadline = time.time() + 120
+    while read_latest_safe(save) < 3 and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "exiting at iteration" in out and "received SIGTERM" in out
+    stopped = int(re.findall(r"exiting at iteration (\d+)", out)[0])
+    assert read_latest_safe(save) == stopped and checkpoint_problem(iteration_dir(save, stopped)) is None
+    # SIGKILL in the middle of saving, many times: the newest complete checkpoint always loads.
+    for _ in range(3):
+        proc = _spawn(TINY + ["--train-iters", "100000", "--save", save, "--save-interval", "1", "--load", save], env)
+        start = read_latest_safe(save)
+        while read_latest_safe(save) < start + 2 and time.time() < deadline + 120:
+            time.sleep(0.05)
+        proc.kill()
+        proc.communicate()
+        assert checkpoint_problem(find_checkpoint(save)) is None
+    # The next run resumes from it and trains on.
+    last = int(Path(find_checkpoint(save)).name[5:])
+    out = subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + TINY + ["--train-iters", str(last + 1),
+                          "--load", save, "--override-opt_param-scheduler"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                         timeout=120).stdout
+    assert f"loaded checkpoint from {save} at iteration {last}" in out and f" iteration {last + 1:8d}/" in out
+
+
+def read_latest_safe(save):
+    try:
+        return int(Path(save, LATEST).read_text())
+    except (OSError, ValueError):
+        return -1

@@ -148,3 +148,24 @@ def read_latest_safe(save):
         return int(Path(save, LATEST).read_text())
     except (OSError, ValueError):
         return -1
+
+
+def test_full_disk_during_save_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch):
+    import errno
+    from rapidgpt.training import checkpointing
+    save = str(tmp_path / "ckpt")
+    run(capsys, "--train-iters", "2", "--save", save)
+    real_write = checkpointing._write_json
+
+    def full_disk(path, payload):
+        if "iter_0000004" in path:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(path, payload)
+
+    monkeypatch.setattr(checkpointing, "_write_json", full_disk)
+    with pytest.raises(checkpointing.CheckpointError,
+                       match=r"could not save checkpoint 4 under --save .*: the disk is full; the last complete "
+                             r"checkpoint \(iteration 2\) is intact"):
+        pretrain_main(TINY + ["--train-iters", "4", "--load", save, "--save", save, "--override-opt_param-scheduler"])
+    assert read_latest_safe(save) == 2 and checkpoint_problem(iteration_dir(save, 2)) is None
+    assert sorted(os.listdir(save)) == ["iter_0000002", LATEST]            # no partial directory left

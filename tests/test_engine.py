@@ -355,3 +355,16 @@ def test_schedule_units_do_not_mix():
 def test_warmup_longer_than_decay_is_a_flag_error():
     with pytest.raises(ArgumentError, match="--lr-warmup-iters 10 is longer than the decay"):
         validate("--train-iters", "4", "--lr-warmup-iters", "10")
+
+
+def test_non_finite_step_is_skipped_and_weights_untouched():
+    from rapidgpt.optim import build_optimizer
+    args = make_engine("--hidden-dropout", "0", "--attention-dropout", "0").args
+    model, batch = _model_and_batch(args, 4)
+    batch["loss_mask"][0, 0] = np.nan                     # bad data: the loss and grads become NaN
+    step = TrainStep(_forward(model), build_optimizer(args, model.trainable_params()), 1, clip_grad=1.0)
+    before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
+    loss, norm, finite = step({k: Tensor(v[None]) for k, v in batch.items()}, 1e-3)
+    assert not finite and math.isnan(loss) and math.isnan(norm)
+    for p in model.trainable_params():
+        np.testing.assert_array_equal(p.asnumpy(), before[p.name], err_msg=p.name)

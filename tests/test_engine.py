@@ -2,7 +2,6 @@
 import math
 import re
 
-import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor

@@ -79,11 +79,10 @@ class Trainer:
             optimizer = build_optimizer(self.args, model.trainable_params())
         if scheduler is None:
             scheduler = build_lr_scheduler(self.args)
-        for required in ("parameters",):
-            if not hasattr(optimizer, required):
-                raise TypeError(f"the optimizer from model_optimizer_lr_scheduler_provider needs "
-                                f"`{required}` and must be callable as optimizer(grads, lr); use "
-                                f"rapidgpt.optim.AdamW/SGD or return None to build one from the flags")
+        if not hasattr(optimizer, "parameters"):
+            raise TypeError("the optimizer from model_optimizer_lr_scheduler_provider needs "
+                            "`parameters` and must be callable as optimizer(grads, lr); use "
+                            "rapidgpt.optim.AdamW/SGD or return None to build one from the flags")
         return model, optimizer, scheduler
 
     def load_checkpoint_if_asked(self):

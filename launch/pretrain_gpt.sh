@@ -16,10 +16,12 @@
 # (--micro-batch-size, --global-batch-size: a multiple accumulates gradients), optimizer (--lr
 # --min-lr --lr-decay-style --lr-warmup-* --weight-decay --adam-* --clip-grad), data (--data-path
 # --split --data-impl mmap --eod-mask-loss --reset-position-ids --reset-attention-mask), logging
-# (--log-interval --eval-interval --eval-iters --tensorboard-dir), engine (--device --no-jit --seed).
-# Not in this build yet, refused with an explanation: --tensor-model-parallel-size,
-# --pipeline-model-parallel-size, --fp16/--bf16, --use-distributed-optimizer/--zero-*,
-# --recompute-*/--checkpoint-activations, --save/--load.
+# (--log-interval --eval-interval --eval-iters --tensorboard-dir), checkpoints (--save DIR
+# --save-interval N, --load DIR to resume, --exit-interval, --keep-last-n-checkpoints), engine
+# (--device --no-jit --seed). Not in this build yet, refused with an explanation:
+# --tensor-model-parallel-size, --pipeline-model-parallel-size, --fp16/--bf16,
+# --use-distributed-optimizer/--zero-*, --recompute-*/--checkpoint-activations.
+# Resume an interrupted run: launch/pretrain_gpt.sh --save ckpt --save-interval 20 --load ckpt
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 

@@ -14,7 +14,7 @@ import sys
 
 from rapidgpt.data.gpt_dataset import parse_split
 
-TASKS = ("pretraining",)
+TASKS = ("pretraining", "text_generation")
 DEVICES = ("cpu", "gpu", "ascend")
 
 
@@ -177,10 +177,13 @@ def _engine_args(parser):
                    help="run the step eagerly (PyNative) instead of compiling it: 2-3x slower, "
                         "but any Python works inside run_forward_step")
     g.add_argument("--cpu-threads", type=int, default=None, help="MindSpore CPU threads (default: cores)")
-    g.add_argument("--prompt", default=None, help="after pretraining, print a continuation of this text")
+    g.add_argument("--prompt", default=None, help="text to continue (text_generation; after pretraining)")
+    g.add_argument("--prompts-file", default=None, help="text_generation: one prompt per line")
     g.add_argument("--max-new-tokens", type=int, default=48)
     g.add_argument("--top-k", type=int, default=0, help="generation: sample among the k likeliest "
                                                          "tokens (0: greedy)")
+    g.add_argument("--top-p", type=float, default=0.0, help="generation: nucleus sampling over the "
+                                                             "likeliest tokens holding this probability (0: off)")
     g.add_argument("--temperature", type=float, default=1.0, help="generation: softmax temperature")
 
 
@@ -338,6 +341,9 @@ def validate_args(args, world_size=1):
     _require(args.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     _require(args.top_k >= 0, f"--top-k must be >= 0 (0: greedy), got {args.top_k}")
     _require(args.temperature > 0, f"--temperature must be positive, got {args.temperature}")
+    _require(0.0 <= args.top_p <= 1.0, f"--top-p must be in [0, 1] (0: off), got {args.top_p}")
+    _require(args.prompts_file is None or os.path.isfile(args.prompts_file),
+             f"--prompts-file {args.prompts_file}: no such file")
     _require(args.cpu_threads is None or args.cpu_threads > 0, "--cpu-threads must be positive")
     return args
 

@@ -1,6 +1,7 @@
 """The `rapidgpt` console script: `--task NAME` runs a black-box task, `--user-script FILE` runs
 your trainer file with all the flags (it builds its RapidGPTEngine, which parses them)."""
 import argparse
+import importlib
 import os
 import runpy
 import sys
@@ -36,8 +37,8 @@ def main(argv=None):
         if known.task not in TASKS:
             print(f"rapidgpt: error: --task {known.task}: choose one of {', '.join(TASKS)}", file=sys.stderr)
             return 2
-        from rapidgpt.tasks import pretraining
-        return _reported(pretraining.main, argv)
+        task = importlib.import_module(f"rapidgpt.tasks.{known.task}")
+        return _reported(task.main, argv)
     if not os.path.isfile(known.user_script):
         print(f"rapidgpt: error: --user-script {known.user_script}: no such file", file=sys.stderr)
         return 2

@@ -169,3 +169,18 @@ def test_full_disk_during_save_keeps_the_previous_checkpoint(tmp_path, capsys, m
         pretrain_main(TINY + ["--train-iters", "4", "--load", save, "--save", save, "--override-opt_param-scheduler"])
     assert read_latest_safe(save) == 2 and checkpoint_problem(iteration_dir(save, 2)) is None
     assert sorted(os.listdir(save)) == ["iter_0000002", LATEST]            # no partial directory left
+
+
+def test_text_generation_task_from_a_checkpoint(tmp_path, capsys):
+    from rapidgpt.tasks.text_generation import main as generate_main
+    save = str(tmp_path / "ckpt")
+    run(capsys, "--train-iters", "2", "--save", save)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The assert statement\nClasses\n")
+    assert generate_main(["--load", save, "--prompts-file", str(prompts), "--max-new-tokens", "5",
+                          "--top-k", "3", "--no-progress-bar"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt: 'The assert statement'\ncontinuation: '" in out and "prompt: 'Classes'" in out
+    result = subprocess.run([sys.executable, "-m", "rapidgpt.cli", "--task", "text_generation",
+                             "--prompt", "x"], capture_output=True, text=True)
+    assert result.returncode == 1 and "text generation needs --load DIR" in result.stderr

@@ -321,27 +321,46 @@ def test_log_lines_follow_megatron_format():
     assert MEGATRON_VALIDATION.search(text).groups() == ("iteration 100", "2.000000E+00", f"{math.exp(2):.6E}")
 
 
-def test_generation_greedy_and_top_k():
+class CharTokenizer:
+    """ids 1..49 from characters; an eod the model never emits, so runs go to their limit."""
+    eod = -1
+
+    def tokenize(self, text):
+        return [ord(c) % 49 + 1 for c in text]
+
+    def detokenize(self, ids):
+        return "".join(chr(96 + i % 26) for i in ids)
+
+
+def test_generation_with_kv_cache_equals_full_recompute():
     from rapidgpt.models.generation import generate
-
-    class CharTokenizer:                     # ids 0..49, eod 0: enough to drive generate()
-        eod = 0
-
-        def tokenize(self, text):
-            return [ord(c) % 49 + 1 for c in text]
-
-        def detokenize(self, ids):
-            return "".join(chr(96 + i % 26) for i in ids)
-
-    args = make_engine().args
+    args = make_engine("--max-position-embeddings", "24").args
     model = build_gpt_model(args, 50)
     initialize_parameters(model, args.seed)
+    _randomize_norms(model)
     model.set_train(True)
-    greedy = generate(model, CharTokenizer(), "abc", 8)
-    assert generate(model, CharTokenizer(), "abc", 8, top_k=1) == greedy
-    sampled = generate(model, CharTokenizer(), "abc", 8, top_k=5, temperature=0.7, seed=3)
-    assert sampled == generate(model, CharTokenizer(), "abc", 8, top_k=5, temperature=0.7, seed=3)
-    assert model.training                    # generate() restores the training mode
+    for kwargs in (dict(), dict(top_k=5, temperature=0.7, seed=3), dict(top_p=0.9, seed=4)):
+        cached = generate(model, CharTokenizer(), "abcdef", 30, use_cache=True, **kwargs)
+        full = generate(model, CharTokenizer(), "abcdef", 30, use_cache=False, **kwargs)
+        assert cached == full and len(cached) == 24 - 6       # stops at max positions
+    assert generate(model, CharTokenizer(), "abc", 8, top_k=1) == generate(model, CharTokenizer(), "abc", 8)
+    assert model.training                                      # generate() restores the mode
+    # Same logits step by step, not only the same argmax.
+    model.set_train(False)
+    tokens = np.array([[3, 7, 9, 11, 2]], np.int32)
+    full = model(Tensor(tokens), Tensor(np.arange(5, dtype=np.int32)[None])).asnumpy()
+    first, past = model.decode(Tensor(tokens[:, :3]), Tensor(np.arange(3, dtype=np.int32)[None]))
+    rest, _ = model.decode(Tensor(tokens[:, 3:]), Tensor(np.array([[3, 4]], np.int32)), past)
+    np.testing.assert_allclose(np.concatenate([first.asnumpy(), rest.asnumpy()], 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_choose_token_top_p_keeps_the_nucleus():
+    from rapidgpt.models.generation import choose_token
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    rng = np.random.default_rng(0)
+    picks = {choose_token(logits, rng, top_p=0.75) for _ in range(200)}
+    assert picks == {0, 1}                                      # 0.5 + 0.3 reaches 0.75
+    assert choose_token(logits, rng) == 0                        # greedy
 
 
 def test_schedule_units_do_not_mix():

@@ -1,35 +1,55 @@
-"""Text generation from a GPT: greedy or top-k / temperature sampling, one token at a time.
+"""Text generation from a GPT: greedy, or sampling with temperature / top-k / top-p.
 
-Each new token re-runs the model on the whole (cropped) sequence; fine for the short
-continuations the demo prints.
+With the key/value cache (default) the prompt is run once and every new token costs one
+single-position step (`GPTModel.decode`); without it each step re-runs the whole sequence, which
+gives the same tokens and serves as the reference. The sequence is capped at the model's
+`max_position_embeddings`: the prompt keeps its last tokens, generation stops at the cap or at EOD.
 """
 import numpy as np
 from mindspore import Tensor
 
 
-def generate(model, tokenizer, prompt, max_new_tokens, top_k=0, temperature=1.0, seed=0):
-    """Continuation of `prompt` (text). top_k=0: greedy; otherwise sample among the top k."""
+def choose_token(logits, rng, top_k=0, top_p=0.0, temperature=1.0):
+    """Next token from `logits` [vocab]: argmax when top_k and top_p are 0, else a sample."""
+    if not top_k and not top_p:
+        return int(np.argmax(logits))
+    logits = logits.astype(np.float64) / temperature
+    order = np.argsort(-logits)
+    if top_k:
+        order = order[:top_k]
+    probs = np.exp(logits[order] - logits[order[0]])
+    probs /= probs.sum()
+    if top_p:
+        # Nucleus: the smallest set of likeliest tokens whose probability reaches top_p.
+        keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)
+        order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
+    return int(order[rng.choice(len(order), p=probs)])
+
+
+def generate(model, tokenizer, prompt, max_new_tokens, top_k=0, top_p=0.0, temperature=1.0, seed=0,
+             use_cache=True):
+    """Continuation of `prompt` (text), at most `max_new_tokens` tokens."""
     rng = np.random.default_rng(seed)
-    ids = tokenizer.tokenize(prompt) or [tokenizer.eod]
     window = model.config.max_position_embeddings
+    ids = (tokenizer.tokenize(prompt) or [tokenizer.eod])[-(window - 1):]
     was_training = model.training
     model.set_train(False)
+    new, past, pending = [], None, ids
     try:
-        new = []
-        for _ in range(max_new_tokens):
-            context = np.array(ids[-window:], np.int32)[None]
-            positions = np.arange(context.shape[1], dtype=np.int32)[None]
-            logits = model(Tensor(context), Tensor(positions)).asnumpy()[0, -1].astype(np.float64)
-            if top_k:
-                top = np.argpartition(-logits, top_k - 1)[:top_k]
-                p = np.exp((logits[top] - logits[top].max()) / temperature)
-                token = int(top[rng.choice(top_k, p=p / p.sum())])
+        while len(new) < max_new_tokens and len(ids) < window:
+            if use_cache:
+                start = len(ids) - len(pending)
+                positions = np.arange(start, len(ids), dtype=np.int32)[None]
+                logits, past = model.decode(Tensor(np.array(pending, np.int32)[None]), Tensor(positions), past)
             else:
-                token = int(np.argmax(logits))
+                positions = np.arange(len(ids), dtype=np.int32)[None]
+                logits = model(Tensor(np.array(ids, np.int32)[None]), Tensor(positions))
+            token = choose_token(logits.asnumpy()[0, -1], rng, top_k, top_p, temperature)
             if token == tokenizer.eod:
                 break
             ids.append(token)
             new.append(token)
+            pending = [token]
     finally:
         model.set_train(was_training)
     return tokenizer.detokenize(new)

@@ -58,12 +58,29 @@ class GPTModel(nn.Cell):
             x = layer(x, attention_mask)
         return self.final_layernorm(x)
 
-    def construct(self, tokens, position_ids, attention_mask=None, labels=None):
-        x = self.hidden_states(tokens, position_ids, attention_mask)
+    def logits(self, x):
+        """`[b, s, h]` final hidden states -> `[b*s, vocab]` logits over the true vocabulary."""
         b, s, h = x.shape
         logits = self.logits_matmul(x.reshape(b * s, h), self.output_weight())      # [b*s, padded]
         if self.padded_vocab_size > self.vocab_size:
             logits = logits[:, :self.vocab_size]
+        return logits
+
+    def decode(self, tokens, position_ids, past=None):
+        """Generation step with a key/value cache: logits `[b, s_new, vocab]` of the new tokens and
+        the cache to pass next time (one (k, v) per layer). Only the new tokens are computed."""
+        x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)
+        presents = []
+        for i, layer in enumerate(self.layers):
+            x, present = layer.decode(x, None if past is None else past[i])
+            presents.append(present)
+        x = self.final_layernorm(x)
+        return self.logits(x).reshape(x.shape[0], x.shape[1], self.vocab_size), presents
+
+    def construct(self, tokens, position_ids, attention_mask=None, labels=None):
+        x = self.hidden_states(tokens, position_ids, attention_mask)
+        b, s, _ = x.shape
+        logits = self.logits(x)
         if labels is None:
             return logits.reshape(b, s, self.vocab_size)
         losses = ops.cross_entropy(logits, labels.reshape(-1), reduction="none")

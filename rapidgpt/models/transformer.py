@@ -47,7 +47,7 @@ class ParallelAttention(nn.Cell):
     def __init__(self, config):
         super().__init__()
         tp = get_tensor_model_parallel_world_size()
-        self.heads = divide(config.num_attention_heads, tp, "number of attention heads")
+        self.heads_per_rank = divide(config.num_attention_heads, tp, "number of attention heads")
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.query_key_value = ColumnParallelLinear(config.hidden_size, 3 * config.hidden_size,
                                                     init_std=config.init_method_std)
@@ -59,19 +59,37 @@ class ParallelAttention(nn.Cell):
         n = config.max_position_embeddings
         self.causal_mask = Tensor(np.triu(np.ones((1, 1, n, n), bool), k=1))   # True = masked
 
-    def construct(self, x, attention_mask=None):
+    def heads(self, x):
+        """q, k, v `[b, np, s, hn]` of this rank's heads."""
         b, s, _ = x.shape
-        qkv = self.query_key_value(x).reshape(b, s, self.heads, 3, self.head_dim)
+        qkv = self.query_key_value(x).reshape(b, s, self.heads_per_rank, 3, self.head_dim)
         q, k, v = qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2]          # [b, s, np, hn]
-        q, k, v = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-        scores = self.scores(q, k) * self.scale                                # [b, np, s, s]
+        return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+
+    def attend(self, q, k, v, mask):
+        """Softmax attention of q `[b, np, sq, hn]` over k, v `[b, np, sk, hn]`; mask True = hidden."""
+        b, _, sq, _ = q.shape
+        scores = ops.masked_fill(self.scores(q, k) * self.scale, mask, -10000.0)   # [b, np, sq, sk]
+        probs = self.attention_dropout(ops.softmax(scores.astype(ms.float32), axis=-1).astype(v.dtype))
+        context = ops.matmul(probs, v).transpose(0, 2, 1, 3).reshape(b, sq, -1)    # [b, sq, np*hn]
+        return self.dense(context)
+
+    def construct(self, x, attention_mask=None):
+        s = x.shape[1]
         mask = self.causal_mask[:, :, :s, :s]
         if attention_mask is not None:
             mask = ops.logical_or(mask, attention_mask)
-        scores = ops.masked_fill(scores, mask, -10000.0)
-        probs = self.attention_dropout(ops.softmax(scores.astype(ms.float32), axis=-1).astype(v.dtype))
-        context = ops.matmul(probs, v).transpose(0, 2, 1, 3).reshape(b, s, -1)   # [b, s, np*hn]
-        return self.dense(context)
+        return self.attend(*self.heads(x), mask)
+
+    def decode(self, x, past=None):
+        """Incremental attention for generation: x `[b, s_new, h]` after `past` = (k, v) of the
+        earlier positions (None: none). Returns (output, (k, v) including the new positions)."""
+        q, k, v = self.heads(x)
+        if past is not None:
+            k, v = ops.cat((past[0], k), axis=2), ops.cat((past[1], v), axis=2)
+        total, new = k.shape[2], x.shape[1]
+        mask = self.causal_mask[:, :, total - new:total, :total]
+        return self.attend(q, k, v, mask), (k, v)
 
 
 class ParallelMLP(nn.Cell):
@@ -99,3 +117,9 @@ class ParallelTransformerLayer(nn.Cell):
     def construct(self, x, attention_mask=None):
         x = x + self.hidden_dropout(self.self_attention(self.input_layernorm(x), attention_mask))
         return x + self.hidden_dropout(self.mlp(self.post_attention_layernorm(x)))
+
+    def decode(self, x, past=None):
+        """The layer with cached keys/values (generation, eval mode); returns (x, present)."""
+        attention, present = self.self_attention.decode(self.input_layernorm(x), past)
+        x = x + attention
+        return x + self.mlp(self.post_attention_layernorm(x)), present

@@ -76,7 +76,7 @@ def main(argv=None):
     model = trainer.train()
     if args.prompt is not None and get_tokenizer() is not None and args.max_new_tokens:
         text = generate(model, get_tokenizer(), args.prompt, args.max_new_tokens, top_k=args.top_k,
-                        temperature=args.temperature, seed=args.seed)
+                        top_p=args.top_p, temperature=args.temperature, seed=args.seed)
         how = f"top-k {args.top_k}, temperature {args.temperature}" if args.top_k else "greedy"
         trainer.logger.info(f"\nprompt: {args.prompt!r}\ncontinuation ({how}): {text!r}")
     return 0

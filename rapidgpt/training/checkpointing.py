@@ -263,11 +263,11 @@ def read_metadata(path):
         return json.load(f)
 
 
-def load_checkpoint(args, model, optimizer, scheduler, logger=None):
+def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
     """Restore model (+ optimizer, scheduler, RNG unless told not to) from --load.
 
     Returns `(iteration, consumed_train_samples)` to continue from; `(0, 0)` with --finetune,
-    which takes the weights only. Must run before the first compiled step (graphs do not see
+    which takes the weights only (as does a call without an optimizer, e.g. for generation). Must run before the first compiled step (graphs do not see
     `set_data` made after they ran).
     """
     path = find_checkpoint(args.load, logger)
@@ -281,7 +281,7 @@ def load_checkpoint(args, model, optimizer, scheduler, logger=None):
             meta = json.load(f)
     except (OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {rank_dir} cannot be read: {e}") from e
-    finetune = args.finetune
+    finetune = args.finetune or optimizer is None
     load_optimizer = not (finetune or args.no_load_optim) and meta["has_optimizer"]
     params = _named_parameters(model, optimizer, load_optimizer)
     missing = [name for name in params if name not in saved]

@@ -1,0 +1,42 @@
+"""`rapidgpt --task text_generation --load DIR --prompt "..."` (or --prompts-file FILE).
+
+Builds the GPT the checkpoint describes (its metadata supplies the model and tokenizer flags),
+loads its weights, and prints a continuation of each prompt: greedy by default, sampling with
+--temperature / --top-k / --top-p, at most --max-new-tokens, stopping at end-of-document; the
+key/value cache makes each new token one single-position step.
+"""
+from rapidgpt.arguments import parse_args
+from rapidgpt.engine import RapidGPTEngine
+from rapidgpt.global_vars import get_logger, get_tokenizer
+from rapidgpt.models.generation import generate
+from rapidgpt.models.gpt import build_gpt_model
+from rapidgpt.parallel.random import initialize_parameters
+from rapidgpt.tasks.pretraining import vocab_size
+from rapidgpt.training.checkpointing import CheckpointError, load_checkpoint
+
+
+def read_prompts(args):
+    if args.prompts_file:
+        with open(args.prompts_file, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    return [args.prompt]
+
+
+def main(argv=None):
+    args = parse_args(argv=argv)
+    if not args.load or not (args.prompt or args.prompts_file):
+        raise CheckpointError("text generation needs --load DIR (a RapidGPT checkpoint) and "
+                              "--prompt TEXT or --prompts-file FILE")
+    RapidGPTEngine(args=args)
+    tokenizer = get_tokenizer()
+    if tokenizer is None:
+        raise CheckpointError(f"the checkpoint under --load {args.load} records no tokenizer; give "
+                              f"--tokenizer-type/--vocab-file/--merge-file")
+    model = build_gpt_model(args, vocab_size(args))
+    initialize_parameters(model, args.seed)
+    load_checkpoint(args, model, logger=get_logger())
+    for prompt in read_prompts(args):
+        text = generate(model, tokenizer, prompt, args.max_new_tokens, args.top_k, args.top_p,
+                        args.temperature, args.seed)
+        get_logger().info(f"prompt: {prompt!r}\ncontinuation: {text!r}")
+    return 0

@@ -9,7 +9,7 @@ number of CPU threads:
    `GPTPretrainer(engine).train()`, the GPTPretrainer of rapidgpt/tasks/pretraining.py with only
    its dataset hook replaced (a map-style dataset of synthetic GPTDataset-like items). Everything
    else is what `rapidgpt --task pretraining` runs: seeded init, data loader threads, the compiled
-   step (bias-corrected AdamW, --clip-grad 1.0, finite check), the scheduler, Megatron log lines.
+   step (bias-corrected AdamW, --clip-grad, finite check), the scheduler, Megatron log lines.
    Iteration times are the wall-clock gaps between the engine's log lines (--log-interval 1),
    so the per-iteration Python work of the trainer and the reporter is counted.
 2. baseline: a plain GPT written below in MindSpore, trained as MINDSPORE_NOTES.md measured the
@@ -18,14 +18,15 @@ number of CPU threads:
 
 Each side runs in its own fresh subprocess (GRAPH_MODE is process-global), one after the other,
 alternating rapidgpt, baseline, rapidgpt, ... for --repeats rounds; the best round of each side is
-reported, with the median of the rounds beside it (all rounds are printed too). On a shared
-machine other processes skew the numbers: each round says when they took CPU meanwhile, and
---wait-quiet makes the driver wait for an idle machine before each side. Throughput counts only the --iters iterations after
---warmup ones; "first step" is the wall time of iteration 1 (the compile), and "to first step" is
-from model construction (rapidgpt: the `train()` call) to the end of iteration 1.
+reported, with the median of the rounds beside it (all rounds are printed too). Throughput counts
+only the --iters iterations after --warmup ones; "first step" is the wall time of iteration 1 (the
+compile), "to first step" runs from model construction (rapidgpt: the `train()` call) to the end
+of iteration 1. On a shared machine other processes skew the numbers (±10% between quiet runs is
+normal here): every run says when others took CPU meanwhile, and --wait-quiet makes the driver
+wait for an idle machine before each side.
 
     python benchmarks/bench_pretrain.py [--iters 20] [--warmup 3] [--repeats 3] [--threads 2]
-                                        [--wait-quiet 300]
+                                        [--clip-grad 1.0] [--wait-quiet 300]
 """
 import argparse
 import json
@@ -63,7 +64,8 @@ class SyntheticGPTDataset:
     def __init__(self, num_samples, seq_length, vocab_size, seed=1234):
         rng = np.random.default_rng(seed)
         p = 1.0 / np.arange(1, vocab_size + 1) ** 1.1
-        self.samples = rng.choice(vocab_size, size=(num_samples, seq_length + 1), p=p / p.sum()).astype(np.int32)
+        self.samples = rng.choice(vocab_size, size=(num_samples, seq_length + 1),
+                                  p=p / p.sum()).astype(np.int32)
         self.loss_mask = np.ones(seq_length, np.float32)
         self.position_ids = np.arange(seq_length, dtype=np.int32)
 
@@ -94,7 +96,8 @@ def summarize(side, end_times, losses, start, first_step, tokens_per_iter, warmu
 
 class _IterationClock(logging.Handler):
     """Records the wall time, iteration, reported ms and loss of every Megatron training line."""
-    LINE = re.compile(r"iteration\s+(\d+)/.*elapsed time per iteration \(ms\): ([\d.]+).*lm loss: ([\dE+.-]+)")
+    LINE = re.compile(r"iteration\s+(\d+)/.*elapsed time per iteration \(ms\): ([\d.]+)"
+                      r".*lm loss: ([\dE+.-]+)")
 
     def __init__(self):
         super().__init__()
@@ -122,6 +125,7 @@ def run_rapidgpt(opts):
             "--hidden-dropout", m["dropout"], "--attention-dropout", m["dropout"],
             "--init-method-std", m["init_std"], "--layernorm-epsilon", m["layernorm_eps"],
             "--lr", opts.lr, "--lr-decay-style", "constant", "--weight-decay", o["weight_decay"],
+            "--clip-grad", opts.clip_grad,
             "--adam-beta1", o["beta1"], "--adam-beta2", o["beta2"], "--adam-eps", o["eps"],
             "--train-iters", total, "--log-interval", 1, "--eval-iters", 0, "--no-progress-bar",
             "--cpu-threads", opts.threads, "--device", "cpu", "--seed", 1234]
@@ -130,7 +134,8 @@ def run_rapidgpt(opts):
 
     class SyntheticGPTPretrainer(GPTPretrainer):
         def train_valid_test_datasets_provider(self, train_val_test_num_samples):
-            return SyntheticGPTDataset(train_val_test_num_samples[0], args.seq_length, args.vocab_size), None, None
+            train = SyntheticGPTDataset(train_val_test_num_samples[0], args.seq_length, args.vocab_size)
+            return train, None, None
 
     logger = get_logger()
     clock = _IterationClock()
@@ -144,8 +149,8 @@ def run_rapidgpt(opts):
     assert [r[1] for r in records] == list(range(1, total + 1)), records
     reported = [r[2] / 1000.0 for r in records[opts.warmup:]]
     return summarize("rapidgpt", [r[0] for r in records], [r[3] for r in records], start,
-                     records[0][2] / 1000.0, args.global_batch_size * args.seq_length, opts.warmup, opts.iters,
-                     {"engine_reported_s_per_iter": sum(reported) / len(reported)})
+                     records[0][2] / 1000.0, args.global_batch_size * args.seq_length, opts.warmup,
+                     opts.iters, {"engine_reported_s_per_iter": sum(reported) / len(reported)})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,7 +185,8 @@ def run_baseline(opts):
 
         def construct(self, x):
             b = x.shape[0]
-            qkv = self.qkv(x).reshape(b, s, 3, heads, h // heads).transpose(2, 0, 3, 1, 4)  # [3, b, nh, s, hd]
+            # [b, s, 3h] -> [3, b, heads, s, head_dim]
+            qkv = self.qkv(x).reshape(b, s, 3, heads, h // heads).transpose(2, 0, 3, 1, 4)
             q, k, val = qkv[0], qkv[1], qkv[2]
             scores = self.bmm_qk(q, k) * self.scale + self.mask
             probs = self.dropout(ops.softmax(scores, axis=-1))
@@ -283,7 +289,8 @@ def run_side(side, opts):
     child_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy_before, wall_before = busy_seconds(), time.perf_counter()
     cmd = [sys.executable, os.path.abspath(__file__), "--only", side, "--iters", str(opts.iters),
-           "--warmup", str(opts.warmup), "--threads", str(opts.threads), "--lr", str(opts.lr)]
+           "--warmup", str(opts.warmup), "--threads", str(opts.threads), "--lr", str(opts.lr),
+           "--clip-grad", str(opts.clip_grad)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     child_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter() - wall_before
@@ -312,15 +319,20 @@ def describe(r):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iters", type=int, default=20, help="measured iterations")
-    parser.add_argument("--warmup", type=int, default=3, help="iterations before measuring (the first compiles)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds of (rapidgpt, baseline); best is reported")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="iterations before measuring (the first compiles)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds of (rapidgpt, baseline); the best is reported")
     parser.add_argument("--threads", type=int, default=2, help="MindSpore CPU threads on both sides")
     parser.add_argument("--lr", type=float, default=6e-4, help="constant learning rate on both sides")
+    parser.add_argument("--clip-grad", type=float, default=1.0,
+                        help="rapidgpt's --clip-grad (its default 1.0; the baseline never clips)")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="before each side, wait up to this long for other processes to leave the CPU")
     parser.add_argument("--only", choices=["rapidgpt", "baseline"], default=None,
                         help="run one side in this process and print its JSON result line")
-    parser.add_argument("--show-log", action="store_true", help="with --only rapidgpt: keep the engine's log")
+    parser.add_argument("--show-log", action="store_true",
+                        help="with --only rapidgpt: keep the engine's log")
     opts = parser.parse_args()
     if opts.warmup < 1 or opts.iters < 1:
         parser.error("--warmup and --iters must be >= 1 (iteration 1 compiles and is never measured)")
@@ -333,8 +345,9 @@ def main():
     m = MODEL
     print(f"model: {m['num_layers']} layers, hidden {m['hidden_size']}, {m['num_heads']} heads, seq "
           f"{m['seq_length']}, micro batch {m['micro_batch_size']}, vocab {m['vocab_size']}, fp32, "
-          f"dropout {m['dropout']}, AdamW lr {opts.lr}; {opts.threads} CPU threads; "
-          f"{opts.warmup} warm-up + {opts.iters} measured iterations, {opts.repeats} round(s)")
+          f"dropout {m['dropout']}, AdamW lr {opts.lr}; rapidgpt --clip-grad {opts.clip_grad}; "
+          f"{opts.threads} CPU threads; {opts.warmup} warm-up + {opts.iters} measured iterations, "
+          f"{opts.repeats} round(s)")
     runs = {"rapidgpt": [], "baseline": []}
     for round_ in range(1, opts.repeats + 1):
         for side in ("rapidgpt", "baseline"):
@@ -345,16 +358,16 @@ def main():
     ours, base = best["rapidgpt"], best["baseline"]
     print(f"best of {opts.repeats} round(s):")
     print(f"rapidgpt: {ours['tokens_per_s']:.1f} tokens/s (first step {ours['first_step_s']:.2f} s, "
-          f"to first step {ours['to_first_step_s']:.2f} s; loss {ours['first_loss']:.3f} -> {ours['final_loss']:.3f})")
+          f"to first step {ours['to_first_step_s']:.2f} s; "
+          f"loss {ours['first_loss']:.3f} -> {ours['final_loss']:.3f})")
     print(f"baseline (GRAPH_MODE TrainOneStepCell): {base['tokens_per_s']:.1f} tokens/s (first step "
           f"{base['first_step_s']:.2f} s, to first step {base['to_first_step_s']:.2f} s; "
           f"loss {base['first_loss']:.3f} -> {base['final_loss']:.3f})")
     ratio = ours["tokens_per_s"] / base["tokens_per_s"]
     print(f"ratio rapidgpt/baseline: {ratio:.3f} (target >= 0.95{'' if ratio >= 0.95 else ': MISSED'})")
-    if opts.repeats > 2:
-        med = {side: statistics.median(r["tokens_per_s"] for r in results) for side, results in runs.items()}
-        print(f"median of {opts.repeats} rounds: rapidgpt {med['rapidgpt']:.1f}, baseline {med['baseline']:.1f} "
-              f"tokens/s, ratio {med['rapidgpt'] / med['baseline']:.3f}")
+    med = {side: statistics.median(r["tokens_per_s"] for r in results) for side, results in runs.items()}
+    print(f"median of {opts.repeats} round(s): rapidgpt {med['rapidgpt']:.1f}, "
+          f"baseline {med['baseline']:.1f} tokens/s, ratio {med['rapidgpt'] / med['baseline']:.3f}")
     busy = [r for results in runs.values() for r in results if r["other_processes_cores"] > 0.1]
     if busy:
         print(f"note: other processes used CPU during {len(busy)} of {2 * opts.repeats} runs; "

@@ -1,11 +1,14 @@
 """GPT: learned token + position embeddings, pre-LayerNorm decoder layers, tied output layer.
 
-`GPTModel(tokens [b, s], position_ids [b, s], attention_mask=None, labels=None)` returns, as
+`GPTModel(tokens [b, s], position_ids=None, attention_mask=None, labels=None)` returns, as
 Megatron's GPTModel does, the per-token cross-entropy `[b, s]` when labels are given, otherwise
 the logits `[b, s, vocab]` over the TRUE vocabulary: rows added by vocabulary padding
 (`--make-vocab-size-divisible-by`) are never part of the softmax, the loss or the returned logits.
 With `--untie-embeddings-and-output-weights` the output layer has its own weights.
+`position_ids` `[b, s]` default to 0..s-1 for every sequence (Megatron's data pipeline passes them,
+with --reset-position-ids restarting them at document boundaries).
 """
+import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 import numpy as np
 
@@ -50,8 +53,10 @@ class GPTModel(nn.Cell):
     def output_weight(self):
         return self.output_layer.weight if self.untied else self.word_embeddings.weight
 
-    def hidden_states(self, tokens, position_ids, attention_mask=None):
+    def hidden_states(self, tokens, position_ids=None, attention_mask=None):
         """Final-LayerNorm hidden states `[b, s, h]` (for heads such as classification)."""
+        if position_ids is None:
+            position_ids = ops.arange(tokens.shape[1], dtype=ms.int32)            # [s], same for each row
         x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)   # [b, s, h]
         x = self.embedding_dropout(x)
         for layer in self.layers:
@@ -77,7 +82,7 @@ class GPTModel(nn.Cell):
         x = self.final_layernorm(x)
         return self.logits(x).reshape(x.shape[0], x.shape[1], self.vocab_size), presents
 
-    def construct(self, tokens, position_ids, attention_mask=None, labels=None):
+    def construct(self, tokens, position_ids=None, attention_mask=None, labels=None):
         x = self.hidden_states(tokens, position_ids, attention_mask)
         b, s, _ = x.shape
         logits = self.logits(x)

@@ -16,6 +16,8 @@ from rapidgpt.training.pretrainer import Pretrainer, next_batch
 from rapidgpt.training.reporting import training_log_line, validation_lines
 from rapidgpt.training.step import TrainStep
 
+from numpy_gpt import numpy_gpt_logits
+
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
         "--vocab-size", "50", "--micro-batch-size", "4", "--no-progress-bar", "--seed", "7"]
 
@@ -133,42 +135,6 @@ def test_next_batch_outside_and_inside_the_compiled_step():
 
 
 # ---- the GPT against numpy ------------------------------------------------------------------------
-
-def _layernorm(x, gamma, beta, eps=1e-5):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
-
-
-def _gelu_tanh(x):
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
-
-
-def numpy_gpt_logits(params, tokens, heads):
-    """GPT forward in float64 numpy from the RapidGPT parameter dict (names as in the model)."""
-    p = {k: v.astype(np.float64) for k, v in params.items()}
-    b, s = tokens.shape
-    x = p["word_embeddings.weight"][tokens] + p["position_embeddings.weight"][np.arange(s)][None]
-    layer_ids = sorted({int(k.split(".")[1]) for k in p if k.startswith("layers.")})
-    for i in layer_ids:
-        q = lambda n: p[f"layers.{i}.{n}"]  # noqa: E731
-        h = _layernorm(x, q("input_layernorm.gamma"), q("input_layernorm.beta"))
-        qkv = h @ q("self_attention.query_key_value.weight").T + q("self_attention.query_key_value.bias")
-        hn = x.shape[-1] // heads
-        qkv = qkv.reshape(b, s, heads, 3, hn)
-        qh, kh, vh = (qkv[:, :, :, j].transpose(0, 2, 1, 3) for j in range(3))
-        scores = qh @ kh.transpose(0, 1, 3, 2) / np.sqrt(hn)
-        scores = np.where(np.triu(np.ones((s, s), bool), 1), -10000.0, scores)
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        context = (probs @ vh).transpose(0, 2, 1, 3).reshape(b, s, -1)
-        x = x + context @ q("self_attention.dense.weight").T + q("self_attention.dense.bias")
-        h = _layernorm(x, q("post_attention_layernorm.gamma"), q("post_attention_layernorm.beta"))
-        h = _gelu_tanh(h @ q("mlp.dense_h_to_4h.weight").T + q("mlp.dense_h_to_4h.bias"))
-        x = x + h @ q("mlp.dense_4h_to_h.weight").T + q("mlp.dense_4h_to_h.bias")
-    x = _layernorm(x, p["final_layernorm.gamma"], p["final_layernorm.beta"])
-    return x @ p["word_embeddings.weight"].T
-
 
 def _randomize_norms(model, seed=0):
     """LayerNorm starts at ones/zeros; give it random values so the reference checks its use."""

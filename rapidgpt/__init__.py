@@ -1,6 +1,7 @@
 """RapidGPT: a Megatron-style white-box LLM trainer template library on MindSpore.
 
     from rapidgpt import RapidGPTEngine, Pretrainer, Finetuner, get_args, next_batch
+    model = rapidgpt.load_pretrained(path)    # built-in GPT + weights (RapidGPT or HF GPT-2 folder)
 
 Names are imported on first use, so data tools that only need `rapidgpt.data` do not pay for
 importing MindSpore.
@@ -19,6 +20,7 @@ _EXPORTS = {
     "get_timers": "rapidgpt.global_vars",
     "get_tokenizer": "rapidgpt.global_vars",
     "get_tensorboard_writer": "rapidgpt.global_vars",
+    "load_pretrained": "rapidgpt.models.pretrained",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

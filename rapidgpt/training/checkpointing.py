@@ -38,7 +38,8 @@ STATE = "state.json"
 ARCHITECTURE_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                      "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by",
                      "untie_embeddings_and_output_weights", "layernorm_epsilon", "tokenizer_type")
-MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length", "vocab_file", "merge_file")
+TOKENIZER_FILE_ARGS = ("vocab_file", "merge_file")
+MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length",) + TOKENIZER_FILE_ARGS
 
 
 class CheckpointError(RuntimeError):
@@ -259,8 +260,17 @@ def find_checkpoint(load, logger=None):
 
 
 def read_metadata(path):
+    """metadata.json of the checkpoint directory `path`. A relative tokenizer path that names a file
+    inside `path` (data_tools/convert_hf_gpt2.py stores vocab.json/merges.txt there) is resolved
+    against it, so the checkpoint folder can be moved; other paths are returned as recorded."""
     with open(os.path.join(path, METADATA)) as f:
-        return json.load(f)
+        metadata = json.load(f)
+    model = metadata.get("model") or {}
+    for key in TOKENIZER_FILE_ARGS:
+        value = model.get(key)
+        if value and not os.path.isabs(value) and os.path.isfile(os.path.join(path, value)):
+            model[key] = os.path.abspath(os.path.join(path, value))
+    return metadata
 
 
 def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):

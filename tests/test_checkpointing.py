@@ -14,11 +14,12 @@ from rapidgpt.arguments import ArgumentError, build_parser, given_flags, apply_c
 from rapidgpt.tasks.pretraining import main as pretrain_main
 from rapidgpt.training.checkpointing import LATEST, checkpoint_problem, find_checkpoint, iteration_dir
 
-# Dropout off: this build's dropout draws from MindSpore's kernel RNG, whose state cannot be saved.
+# Dropout on: its masks are a function of (seed, iteration, micro-batch, cell, position), so a
+# resumed run repeats them.
 TINY = ["--task", "pretraining", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3",
         "--lr-warmup-iters", "2", "--log-interval", "1", "--eval-interval", "4", "--eval-iters", "1",
-        "--hidden-dropout", "0", "--attention-dropout", "0", "--no-progress-bar", "--max-new-tokens", "0"]
+        "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--no-progress-bar", "--max-new-tokens", "0"]
 LOSS_LINE = re.compile(r" iteration\s+(\d+)/.*?\| lm loss: ([\d.E+-]+) \|.*grad norm: ([\d.]+)")
 
 

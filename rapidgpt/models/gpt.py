@@ -15,7 +15,7 @@ import numpy as np
 from rapidgpt.arguments import padded_vocab_size
 from rapidgpt.models.transformer import ParallelTransformerLayer, TransformerConfig
 from rapidgpt.parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
-from rapidgpt.parallel.random import ParamInit
+from rapidgpt.parallel.random import Dropout, ParamInit
 from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
 
 
@@ -42,7 +42,7 @@ class GPTModel(nn.Cell):
         h, std = config.hidden_size, config.init_method_std
         self.word_embeddings = VocabParallelEmbedding(padded_vocab_size, h, std, real_vocab_size=vocab_size)
         self.position_embeddings = PositionEmbedding(config.max_position_embeddings, h, std)
-        self.embedding_dropout = nn.Dropout(p=config.hidden_dropout)
+        self.embedding_dropout = Dropout(config.hidden_dropout)
         self.layers = nn.CellList([ParallelTransformerLayer(config) for _ in range(config.num_layers)])
         self.final_layernorm = nn.LayerNorm((h,), epsilon=config.layernorm_epsilon)
         self.untied = untie_embeddings_and_output_weights

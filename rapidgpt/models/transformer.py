@@ -9,7 +9,8 @@ Attention: one ColumnParallelLinear makes q, k, v for this rank's heads, laid ou
 `[np, 3, hn]` (Megatron's order, so a TP split of the output keeps each head's q, k and v
 together); scores `q k^T / sqrt(hn)` get the causal mask (and, with --reset-attention-mask, the
 batch's document mask) filled with -10000 as Megatron does, softmax in fp32, attention dropout,
-then the RowParallelLinear output projection. MLP: ColumnParallelLinear h -> ffn, tanh-GELU
+then the RowParallelLinear output projection. Dropout is rapidgpt.parallel.random.Dropout: its
+masks survive a resume and do not depend on the TP layout. MLP: ColumnParallelLinear h -> ffn, tanh-GELU
 (GPT-2's `gelu_new`), RowParallelLinear ffn -> h. Output projections use Megatron's scaled init
 std / sqrt(2 * num_layers).
 """
@@ -20,6 +21,7 @@ from mindspore import Tensor, nn, ops
 import mindspore as ms
 
 from rapidgpt.parallel.layers import ColumnParallelLinear, RowParallelLinear, divide
+from rapidgpt.parallel.random import Dropout
 from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
 
 
@@ -53,7 +55,7 @@ class ParallelAttention(nn.Cell):
                                                     init_std=config.init_method_std)
         self.dense = RowParallelLinear(config.hidden_size, config.hidden_size,
                                        init_std=config.output_init_std)
-        self.attention_dropout = nn.Dropout(p=config.attention_dropout)
+        self.attention_dropout = Dropout(config.attention_dropout, partition_dim=1)   # heads are split
         self.scores = ops.BatchMatMul(transpose_b=True)
         self.scale = 1.0 / math.sqrt(self.head_dim)
         n = config.max_position_embeddings
@@ -112,11 +114,13 @@ class ParallelTransformerLayer(nn.Cell):
         self.self_attention = ParallelAttention(config)
         self.post_attention_layernorm = nn.LayerNorm((config.hidden_size,), epsilon=eps)
         self.mlp = ParallelMLP(config)
-        self.hidden_dropout = nn.Dropout(p=config.hidden_dropout)
+        # Two cells, so the two residual branches draw different masks.
+        self.post_attention_dropout = Dropout(config.hidden_dropout)
+        self.post_mlp_dropout = Dropout(config.hidden_dropout)
 
     def construct(self, x, attention_mask=None):
-        x = x + self.hidden_dropout(self.self_attention(self.input_layernorm(x), attention_mask))
-        return x + self.hidden_dropout(self.mlp(self.post_attention_layernorm(x)))
+        x = x + self.post_attention_dropout(self.self_attention(self.input_layernorm(x), attention_mask))
+        return x + self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(x)))
 
     def decode(self, x, past=None):
         """The layer with cached keys/values (generation, eval mode); returns (x, present)."""

@@ -1,16 +1,27 @@
-"""Seeded, layout-independent parameter initialisation.
+"""Seeded, layout-independent randomness: parameter initialisation and dropout.
 
-Every parameter's FULL tensor (as it would be on one process) is drawn from a generator seeded
-by (`--seed`, the parameter's global name), and each rank keeps its own slice. The weights
-therefore do not depend on how the model is split over tensor or pipeline ranks, nor on the order
-in which layers are built: a TP/PP run starts from exactly the single-process model.
+Initialisation: every parameter's FULL tensor (as it would be on one process) is drawn from a
+generator seeded by (`--seed`, the parameter's global name), and each rank keeps its own slice.
+The weights therefore do not depend on how the model is split over tensor or pipeline ranks, nor
+on the order in which layers are built: a TP/PP run starts from exactly the single-process model.
+
+Dropout: `Dropout`'s keep mask is a pure function of (`--seed`, the cell's global name, the
+training iteration, the micro-batch number within it, the element's position in the FULL tensor).
+Nothing about it needs saving: a resumed run draws exactly the masks the uninterrupted run drew,
+and a tensor-parallel rank draws exactly its slice of the single-process mask (so dropout inside
+TP regions differs between ranks, as Megatron's RNG tracker makes it, and is reproducible). Why
+not MindSpore's own dropout: its CPU kernel's generator lives inside the kernel, where no API can
+read or restore it, and the generator-based ops (mint dropout, RandExt) have no CPU kernel.
 """
 import hashlib
+import itertools
+import logging
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+import mindspore as ms
 import numpy as np
-from mindspore import Tensor
+from mindspore import Parameter, Tensor, nn, ops
 
 from rapidgpt.parallel.state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
@@ -55,14 +66,22 @@ def local_slice(full, partition_dim, rank, world_size):
 
 
 def initialize_parameters(model, seed):
-    """Give every parameter declared in a cell's `param_inits` its seeded value (this rank's slice).
+    """Give every parameter declared in a cell's `param_inits` its seeded value (this rank's slice),
+    and every `Dropout` its stream key.
 
     Names are the cell paths of `model.cells_and_names()` plus the attribute, e.g.
     `decoder.layers.3.mlp.dense_h_to_4h.weight`. Call before the first compiled step: MindSpore
-    graphs do not see `set_data` made after they ran.
+    graphs do not see `set_data` made after they ran, and a dropout key is a graph constant.
     """
     rank, world = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
     for prefix, cell in model.cells_and_names():
+        if isinstance(cell, Dropout):
+            cell.stream_key = _stream_key(seed, prefix)
+        elif isinstance(cell, nn.Dropout) and cell.p > 0:
+            logging.getLogger("rapidgpt").warning(
+                f"{prefix or type(model).__name__} is a mindspore.nn.Dropout: its masks come from a "
+                "kernel-internal generator, so a resumed run will not repeat them; use "
+                "rapidgpt.parallel.Dropout for reproducible dropout")
         for attr, spec in getattr(cell, "param_inits", {}).items():
             param = getattr(cell, attr)
             if param is None:
@@ -70,3 +89,112 @@ def initialize_parameters(model, seed):
             name = f"{prefix}.{attr}" if prefix else attr
             value = local_slice(full_value(spec, seed, name), spec.partition_dim, rank, world)
             param.set_data(Tensor(value, dtype=param.dtype))
+
+
+# ------------------------------------------------------------------------------------------------
+# Dropout
+# ------------------------------------------------------------------------------------------------
+
+def _u32(value):
+    return Tensor(np.uint32(value))
+
+
+_SHIFT_16, _SHIFT_15, _ONE = _u32(16), _u32(15), _u32(1)
+_MIX_1, _MIX_2, _GOLDEN = _u32(0x7FEB352D), _u32(0x846CA68B), _u32(0x9E3779B9)
+
+
+def mix32(x):
+    """An integer hash of uint32 tensors (the 'lowbias32' xor-shift-multiply finaliser): every
+    output bit depends on every input bit; multiplications wrap modulo 2^32."""
+    x = ops.bitwise_xor(x, ops.bitwise_right_shift(x, _SHIFT_16)) * _MIX_1
+    x = ops.bitwise_xor(x, ops.bitwise_right_shift(x, _SHIFT_15)) * _MIX_2
+    return ops.bitwise_xor(x, ops.bitwise_right_shift(x, _SHIFT_16))
+
+
+def _stream_key(seed, name):
+    digest = hashlib.sha256(f"{seed}/dropout/{name}".encode("utf-8")).digest()
+    return _u32(int.from_bytes(digest[:4], "little"))
+
+
+# The key of the micro-batch being computed, set inside the compiled step before each
+# micro-batch's forward/backward (`set_micro_batch_key`). A module-level Parameter, not a model
+# parameter: it is graph state that every Dropout reads, but no weight to save or optimise.
+_MICRO_BATCH_KEY = Parameter(_u32(0), name="rapidgpt_dropout_micro_batch_key", requires_grad=False)
+
+
+def set_micro_batch_key(iteration, micro_batch):
+    """Select the dropout masks of micro-batch number `micro_batch` (an int: its place in the
+    global batch) of training iteration `iteration` (a uint32 scalar tensor). Traceable: the
+    compiled step calls it before each micro-batch's forward."""
+    return ops.assign(_MICRO_BATCH_KEY, mix32(ops.bitwise_xor(mix32(iteration), _u32(micro_batch))))
+
+
+_construction_order = itertools.count()
+
+
+class Dropout(nn.Cell):
+    """Dropout `y = x * keep / (1 - p)` whose keep mask is reproducible across resume and layouts.
+
+    x: any shape `[..., c]`; `partition_dim`: the dimension of x split over tensor-parallel ranks
+    (None: x is replicated on them). Mask of the element at FULL-tensor row r (all dimensions but
+    the last, flattened) and column c, for stream key k (cell name + seed) and micro-batch key m:
+
+        key = mix32(m ^ k);   h_r = mix32(r * G + key) | 1;   b_c = mix32(c * G + mix32(key)) | 1
+        keep = (h_r * b_c mod 2^32) >= round(p * 2^32)
+
+    Only the row and column hashes are full hashes (a vector each); the per-element work is one
+    multiply and one compare, as cheap as MindSpore's own dropout kernel on CPU. Both factors are
+    odd, so every row is a permutation of the column hashes scaled by a random odd multiplier.
+    Identity in eval mode (`set_train(False)`) and for p = 0.
+    """
+
+    def __init__(self, p, partition_dim=None):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+        self.partition_dim = partition_dim
+        self.scale = 1.0 / (1.0 - p)
+        self.threshold = _u32(min(round(p * 2.0 ** 32), 2 ** 32 - 1))
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        # Replaced by a key of (seed, cell name) in initialize_parameters; until then distinct
+        # per cell by construction order.
+        self.stream_key = _stream_key(0, f"#{next(_construction_order)}")
+
+    def _positions(self, shape, dim):
+        """FULL-tensor positions (int32) of this rank's indices along `dim`, and the dimension's
+        full size."""
+        size = shape[dim]
+        if self.partition_dim is not None and dim == self.partition_dim % len(shape):
+            start = self.tp_rank * size
+            return ops.arange(start, start + size, dtype=ms.int32), size * self.tp_size
+        return ops.arange(0, size, dtype=ms.int32), size
+
+    def row_ids(self, shape):
+        """FULL-tensor row numbers (uint32) of x's rows, shaped `[..., 1]` to broadcast."""
+        rank = len(shape)
+        rows = ops.zeros((1,) * rank, ms.int32)
+        stride = 1
+        for dim in range(rank - 2, -1, -1):
+            positions, full = self._positions(shape, dim)
+            view = tuple(shape[d] if d == dim else 1 for d in range(rank))
+            rows = rows + positions.reshape(view) * stride
+            stride *= full
+        if stride >= 2 ** 31:
+            raise ValueError(f"Dropout: a tensor of {stride} rows is beyond this implementation's "
+                             "2^31 rows")
+        return rows.astype(ms.uint32)
+
+    def keep_mask(self, shape):
+        """The boolean keep mask for an x of this (local) shape, under the current micro-batch key."""
+        key = mix32(ops.bitwise_xor(_MICRO_BATCH_KEY, self.stream_key))
+        columns, _ = self._positions(shape, len(shape) - 1)
+        row_hash = ops.bitwise_or(mix32(self.row_ids(shape) * _GOLDEN + key), _ONE)
+        column_hash = ops.bitwise_or(mix32(columns.astype(ms.uint32) * _GOLDEN + mix32(key)), _ONE)
+        return row_hash * column_hash >= self.threshold
+
+    def construct(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        return ops.where(self.keep_mask(x.shape), x * self.scale, 0.0)

@@ -10,12 +10,15 @@ class ComposedOptimizer:
 
     `forward_fn(*inputs) -> loss` must be traceable by mindspore.jit (it is compiled on the first
     call; new input shapes compile again). The learning rate is the scheduler's current value.
+    `iteration` counts the steps taken and selects the dropout masks; a loop that resumes from a
+    checkpoint sets it to the iteration it resumes at.
     """
 
     def __init__(self, optimizer, lr_scheduler, args):
         self.optimizer, self.lr_scheduler, self.args = optimizer, lr_scheduler, args
         self.parameters = optimizer.parameters
         self._steps = {}
+        self.iteration = 0
 
     def step(self, forward_fn, *inputs):
         train_step = self._steps.get(forward_fn)
@@ -26,5 +29,7 @@ class ComposedOptimizer:
                                                              jit=self.args.jit)
         stacked = tuple(Tensor(np.asarray(x)[None]) if not isinstance(x, Tensor) else x.expand_dims(0)
                         for x in inputs)
-        loss, self.last_grad_norm, self.last_finite = train_step(stacked, self.lr_scheduler.get_lr())
+        self.iteration += 1
+        loss, self.last_grad_norm, self.last_finite = train_step(stacked, self.lr_scheduler.get_lr(),
+                                                                 self.iteration)
         return loss

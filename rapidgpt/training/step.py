@@ -1,6 +1,7 @@
 """One optimizer step as ONE compiled MindSpore graph.
 
-    for each micro-batch i:   loss_i, grads_i = value_and_grad(forward)(micro_batch_i)
+    for each micro-batch i:   select the dropout masks of (iteration, i)
+                              loss_i, grads_i = value_and_grad(forward)(micro_batch_i)
     grads = mean_i grads_i;   norm = ||grads||;   clip to --clip-grad
     if norm is finite:        optimizer(grads, lr)      (skipped steps are counted and logged)
 
@@ -18,6 +19,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from rapidgpt.optim.clip_grads import clip_grads_by_global_norm
+from rapidgpt.parallel.random import set_micro_batch_key
 
 
 def loss_of(output):
@@ -50,10 +52,11 @@ class _StepCell(nn.Cell):
     def forward_loss(self, micro_batch):
         return loss_of(self.forward(micro_batch))
 
-    def construct(self, stacked, lr):
+    def construct(self, stacked, lr, iteration):
         n = self.num_micro_batches
         total, grads = None, None
         for i in range(n):          # unrolled: each micro-batch is its own subgraph
+            set_micro_batch_key(iteration, i)
             loss, micro_grads = self.grad_fn(select_micro_batch(stacked, i))
             total = loss if total is None else total + loss
             grads = micro_grads if grads is None else tuple(a + b for a, b in zip(grads, micro_grads))
@@ -70,7 +73,8 @@ class _StepCell(nn.Cell):
 
 
 class TrainStep:
-    """Callable `step(stacked_batches, lr) -> (mean loss, grad norm, finite)` for a fixed model.
+    """Callable `step(stacked_batches, lr, iteration) -> (mean loss, grad norm, finite)` for a
+    fixed model; `iteration` (the number of the training iteration) selects the dropout masks.
 
     `forward(micro_batch) -> loss` (or Megatron's `(output, loss_fn)`); `optimizer(grads, lr)`
     updates `optimizer.parameters`.
@@ -80,10 +84,11 @@ class TrainStep:
         cell = _StepCell(forward, optimizer, num_micro_batches, clip_grad)
         self._step = ms.jit(cell.construct) if jit else cell
 
-    def __call__(self, stacked, lr):
+    def __call__(self, stacked, lr, iteration):
         # mutable: a dict/tuple of tensors is otherwise a compile-time constant, and the step
         # would be compiled again for every batch.
-        loss, norm, finite = self._step(ms.mutable(stacked), Tensor(lr, ms.float32))
+        loss, norm, finite = self._step(ms.mutable(stacked), Tensor(lr, ms.float32),
+                                        Tensor(iteration, ms.uint32))
         return float(loss), float(norm), bool(finite)
 
 

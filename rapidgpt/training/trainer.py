@@ -130,7 +130,7 @@ class Trainer:
                 for iteration in range(start_iteration + 1, train_iters + 1):
                     start = time.perf_counter()
                     stacked = stack_micro_batches([next(train_batches) for _ in range(n)])
-                    loss, norm, finite = step(stacked, scheduler.get_lr())
+                    loss, norm, finite = step(stacked, scheduler.get_lr(), iteration)
                     scheduler.step(gbs)
                     consumed += gbs
                     reporter.iteration(iteration, consumed, {"lm loss": loss}, scheduler.get_lr(), norm,

@@ -14,7 +14,7 @@ import sys
 
 from rapidgpt.data.gpt_dataset import parse_split
 
-TASKS = ("pretraining", "text_generation")
+TASKS = ("pretraining", "text_generation", "sequence_classification")
 DEVICES = ("cpu", "gpu", "ascend")
 
 
@@ -54,6 +54,20 @@ def _batch_args(parser):
     g.add_argument("--epochs", type=int, default=None, help="finetuning: passes over the train set")
 
 
+def _finetuning_args(parser):
+    g = parser.add_argument_group("finetuning")
+    g.add_argument("--num-classes", type=int, default=None,
+                   help="sequence classification: number of labels (default: as many as the training "
+                        "data has; if given, it must match)")
+    g.add_argument("--best-metric", default=None,
+                   help="validation metric (higher is better) that picks the checkpoint kept under "
+                        "SAVE/best/; default: the first one run_compute_metrics returns (accuracy "
+                        "for --task sequence_classification)")
+    # A classifier's label names, class id = index: set from the training data, recorded in
+    # checkpoints and restored from them (rapidgpt/data/classification.py). No flag.
+    parser.set_defaults(labels=None)
+
+
 def _optimizer_args(parser):
     g = parser.add_argument_group("optimizer")
     g.add_argument("--optimizer", choices=["adam", "sgd"], default="adam",
@@ -79,10 +93,12 @@ def _optimizer_args(parser):
 def _data_args(parser):
     g = parser.add_argument_group("data and tokenizer")
     g.add_argument("--data-path", nargs="*", default=None,
-                   help="PREFIX, or weighted 'W1 PREFIX1 W2 PREFIX2 ...'; none: the demo corpus")
+                   help="PREFIX, or weighted 'W1 PREFIX1 W2 PREFIX2 ...'; none: the demo corpus. "
+                        "sequence_classification: the training .jsonl/.tsv file(s)")
     g.add_argument("--split", default="969, 30, 1")
-    g.add_argument("--train-data-path", nargs="*", default=None)
-    g.add_argument("--valid-data-path", nargs="*", default=None)
+    g.add_argument("--train-data-path", "--train-data", dest="train_data_path", nargs="*", default=None)
+    g.add_argument("--valid-data-path", "--valid-data", dest="valid_data_path", nargs="*", default=None,
+                   help="sequence_classification: the validation .jsonl/.tsv file(s)")
     g.add_argument("--test-data-path", nargs="*", default=None)
     g.add_argument("--data-cache-path", default=None)
     g.add_argument("--data-impl", "--dataset-impl", dest="data_impl", choices=["mmap", "infer"],
@@ -101,8 +117,6 @@ def _data_args(parser):
 # Flags whose feature arrives in a later release. They parse (so a Megatron launch script reads
 # without surprises) and any non-default value is refused with this explanation.
 NOT_YET = {
-    "finetuning from a pretrained checkpoint arrives with the finetuning tasks; use --load "
-    "with --finetune": [("--pretrained-checkpoint", None)],
     "this build runs on one process; tensor/pipeline/data parallelism and the launcher arrive "
     "with the distributed release": [
         ("--tensor-model-parallel-size", 1), ("--pipeline-model-parallel-size", 1),
@@ -144,6 +158,12 @@ def _checkpoint_args(parser):
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--finetune", action="store_true",
                    help="load weights only and start at iteration 0 with a fresh optimizer")
+    g.add_argument("--pretrained-checkpoint", default=None, metavar="DIR",
+                   help="finetuning: when --load holds no checkpoint yet (or is not given), start from "
+                        "the model weights of this checkpoint (no optimizer, scheduler, iteration or "
+                        "RNG); model flags not given are taken from it. Parameters it lacks (e.g. a "
+                        "classification head) are freshly initialised; both they and its unused "
+                        "tensors are listed in the log")
     g.add_argument("--exit-interval", type=int, default=None,
                    help="save and exit when the iteration is a multiple of this")
     g.add_argument("--exit-duration-in-mins", type=float, default=None,
@@ -191,8 +211,8 @@ def build_parser(extra_args_provider=None):
     parser = argparse.ArgumentParser(
         prog="rapidgpt", allow_abbrev=False,
         description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's names.")
-    for add in (_model_args, _batch_args, _optimizer_args, _data_args, _checkpoint_args, _logging_args,
-                _engine_args, _reserved_args):
+    for add in (_model_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
+                _logging_args, _engine_args, _reserved_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -205,7 +225,7 @@ def parse_args(extra_args_provider=None, argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     try:
-        if args.load:
+        if args.load or args.pretrained_checkpoint:
             apply_checkpoint_args(args, given_flags(parser, argv))
         validate_args(args)
     except ArgumentError as e:
@@ -221,11 +241,13 @@ def given_flags(parser, argv):
 
 def apply_checkpoint_args(args, given):
     """Megatron's --use-checkpoint-args, by default: model flags not given come from the checkpoint
-    under --load; a given architecture flag that contradicts it is an error."""
+    the run starts from (--load when it holds one, else --pretrained-checkpoint); a given
+    architecture flag that contradicts it is an error."""
     from rapidgpt.training.checkpointing import (ARCHITECTURE_ARGS, CheckpointError, find_checkpoint,
-                                                 read_metadata)
+                                                 read_metadata, start_checkpoint)
+    source, directory = start_checkpoint(args)
     try:
-        saved = read_metadata(find_checkpoint(args.load))["model"]
+        saved = read_metadata(find_checkpoint(directory, flag=source))["model"]
     except CheckpointError as e:
         raise ArgumentError(str(e)) from None
     for name, value in saved.items():
@@ -233,8 +255,8 @@ def apply_checkpoint_args(args, given):
             setattr(args, name, value)
         elif name in ARCHITECTURE_ARGS and getattr(args, name) != value:
             flag = "--" + name.replace("_", "-")
-            raise ArgumentError(f"{flag} {getattr(args, name)} contradicts the checkpoint under --load "
-                                f"{args.load}, which has {value}; drop {flag} to use the checkpoint's value")
+            raise ArgumentError(f"{flag} {getattr(args, name)} contradicts the checkpoint under {source} "
+                                f"{directory}, which has {value}; drop {flag} to use the checkpoint's value")
 
 
 def _require(condition, message):
@@ -337,6 +359,16 @@ def validate_args(args, world_size=1):
         _require(value is None or value > 0, f"--{flag.replace('_', '-')} must be positive, got {value}")
     _require(not (args.skip_train and not args.load), "--skip-train evaluates a checkpoint: give --load")
     _require(not (args.finetune and not args.load), "--finetune loads weights: give --load")
+    _require(args.num_classes is None or args.num_classes >= 2, f"--num-classes must be >= 2, got {args.num_classes}")
+    if args.task == "sequence_classification":
+        _require(args.data_path or args.train_data_path,
+                 "--task sequence_classification needs the training data: --data-path TRAIN.jsonl|.tsv")
+        _require(not (args.data_path and args.train_data_path),
+                 "give the training data with --data-path or --train-data-path, not both")
+        _require(args.epochs or args.train_iters, "--task sequence_classification needs --epochs N "
+                                                  "(or --train-iters)")
+        _require(args.best_metric in (None, "accuracy", "f1"),
+                 f"--best-metric {args.best_metric}: sequence_classification reports accuracy and f1")
     _require(args.num_workers >= 0, f"--num-workers must be >= 0, got {args.num_workers}")
     _require(args.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     _require(args.top_k >= 0, f"--top-k must be >= 0 (0: greedy), got {args.top_k}")

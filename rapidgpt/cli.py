@@ -48,12 +48,13 @@ def main(argv=None):
 
 def _reported(run, *args, **kwargs):
     """Run; a RapidGPT error (bad checkpoint or data) becomes one line and exit status 1."""
+    from rapidgpt.data.classification import ClassificationDataError
     from rapidgpt.data.indexed_dataset import IndexedDatasetError
     from rapidgpt.training.checkpointing import CheckpointError
     try:
         result = run(*args, **kwargs)
         return result if isinstance(result, int) else 0
-    except (CheckpointError, IndexedDatasetError) as e:
+    except (CheckpointError, ClassificationDataError, IndexedDatasetError) as e:
         print(f"rapidgpt: error: {e}", file=sys.stderr)
         return 1
 

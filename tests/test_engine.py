@@ -46,7 +46,6 @@ def validate(*argv):
     (["--hidden-dropout", "1.0"], "--hidden-dropout must be in [0, 1)"),
     (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size: not supported by this build"),
     (["--fp16"], "--fp16: not supported by this build (mixed precision arrives"),
-    (["--pretrained-checkpoint", "ckpt"], "--pretrained-checkpoint: not supported by this build"),
     (["--save-interval", "5"], "--save-interval needs --save DIR"),
     (["--skip-train"], "--skip-train evaluates a checkpoint: give --load"),
     (["--exit-interval", "0"], "--exit-interval must be positive"),

@@ -69,6 +69,14 @@ class RowParallelLinear(_ParallelLinear):
         super().__init__(input_size, output_size, bias, init_std, partition_dim=1)
 
 
+class ReplicatedLinear(_ParallelLinear):
+    """Linear layer kept whole on every TP rank: `[..., in] -> [..., out]` (small heads, e.g. a
+    classifier's, whose output every rank needs)."""
+
+    def __init__(self, input_size, output_size, bias=True, init_std=0.02):
+        super().__init__(input_size, output_size, bias, init_std, partition_dim=None)
+
+
 class VocabParallelEmbedding(nn.Cell):
     """Embedding table `[vocab, h]` split along the vocabulary over TP ranks: ids `[...]` -> `[..., h]`.
 

@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import signal
+from typing import NamedTuple
 
 import mindspore as ms
 import numpy as np
@@ -33,6 +34,7 @@ METADATA = "metadata.json"
 WEIGHTS = "model_optim_rng"          # + ".ckpt" or ".safetensors" (--ckpt-format)
 FORMATS = ("ckpt", "safetensors")
 STATE = "state.json"
+BEST = "best"                        # <save>/best/: the best evaluation's checkpoint (Finetuner)
 # Model flags a checkpoint records. Loading fills them in unless given; a given architecture flag
 # must match (tokenizer file paths may differ: files move between machines).
 ARCHITECTURE_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
@@ -97,7 +99,8 @@ def _named_parameters(model, optimizer, with_optimizer):
 
 
 def model_config(args):
-    return {name: getattr(args, name, None) for name in MODEL_ARGS}
+    """The model flags, and a classifier's label names (`args.labels`, class id = index)."""
+    return {name: getattr(args, name, None) for name in MODEL_ARGS + ("labels",)}
 
 
 class ExitSignal:
@@ -123,9 +126,12 @@ class ExitSignal:
             signal.signal(sig, handler)
 
 
-def save_checkpoint(args, iteration, consumed_samples, model, optimizer, scheduler):
-    """Write checkpoint `iteration` under --save atomically, publish it, prune old ones."""
-    save, state = args.save, get_parallel_state()
+def save_checkpoint(args, iteration, consumed_samples, model, optimizer, scheduler, directory=None,
+                    keep_last_n=None, extra_metadata=None):
+    """Write checkpoint `iteration` under --save (or `directory`) atomically, publish it, prune old
+    ones (all but the newest --keep-last-n-checkpoints, or `keep_last_n`). `extra_metadata` is
+    added to metadata.json."""
+    save, state = directory or args.save, get_parallel_state()
     final = iteration_dir(save, iteration)
     tmp = os.path.join(save, f".iter_{iteration:07d}.tmp{os.getpid()}")
     try:
@@ -143,7 +149,8 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
             "iteration": iteration, "consumed_train_samples": consumed_samples,
             "scheduler": scheduler.state_dict() if not args.no_save_optim else None,
             "rng": rng_state() if not args.no_save_rng else None,
-            "has_optimizer": not args.no_save_optim})
+            "has_optimizer": not args.no_save_optim,
+            "model_parameters": [p.name for p in model.get_parameters()]})
         _write_json(os.path.join(tmp, METADATA), {
             "iteration": iteration, "consumed_train_samples": consumed_samples,
             "model": model_config(args), "vocab_size": getattr(model, "vocab_size", None),
@@ -152,7 +159,8 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
                          "pipeline_model_parallel_size": state.pipeline_model_parallel_size,
                          "world_size": state.world_size},
             "versions": {"rapidgpt": __version__, "mindspore": ms.__version__},
-            "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, list, type(None)))}})
+            "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, list, type(None)))},
+            **(extra_metadata or {})})
         _fsync_path(tmp)
         if os.path.exists(final):          # saving an iteration again: swap, never delete first
             trash = f"{final}.old{os.getpid()}"
@@ -177,7 +185,7 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
         reason = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else str(e)
         raise CheckpointError(f"could not save checkpoint {iteration} under --save {save}: {reason}; "
                               f"{kept}. Free space or point --save elsewhere.") from e
-    prune_checkpoints(save, args.keep_last_n_checkpoints, keep=iteration)
+    prune_checkpoints(save, keep_last_n or args.keep_last_n_checkpoints, keep=iteration)
     return final
 
 
@@ -238,8 +246,37 @@ def complete_iterations(save):
     return sorted(found)
 
 
-def find_checkpoint(load, logger=None):
-    """The directory to load from --load: `latest`, or the newest complete one if that is broken."""
+def best_record(save):
+    """The score record ({"metric", "value", "epoch", "iteration"}) of the best checkpoint a
+    Finetuner keeps under `<save>/best/` (None when there is none yet)."""
+    directory = os.path.join(save, BEST)
+    return read_metadata(find_checkpoint(directory)).get("best") if has_checkpoint(directory) else None
+
+
+def has_checkpoint(directory):
+    """Whether `directory` holds a checkpoint, complete or not (a `latest` file, an `iter_*`
+    directory, or it is one itself): a run resumes from it rather than start afresh."""
+    if not os.path.isdir(directory):
+        return False
+    return (os.path.isfile(os.path.join(directory, METADATA)) or os.path.isfile(os.path.join(directory, LATEST))
+            or any(name.startswith("iter_") for name in os.listdir(directory)))
+
+
+def start_checkpoint(args):
+    """`(flag, directory)` of the checkpoint this run starts from, as Megatron decides it: --load
+    when it holds a checkpoint (resume), else --pretrained-checkpoint (weights only), else --load
+    (which then fails, saying no checkpoint is there); `(None, None)` without either flag."""
+    pretrained = getattr(args, "pretrained_checkpoint", None)
+    if args.load and (has_checkpoint(args.load) or not pretrained):
+        return "--load", args.load
+    if pretrained:
+        return "--pretrained-checkpoint", pretrained
+    return None, None
+
+
+def find_checkpoint(load, logger=None, flag="--load"):
+    """The directory to load from `load` (given as `flag`): `latest`, or the newest complete one if
+    that is broken."""
     if os.path.isfile(os.path.join(load, METADATA)):
         return load                            # --load points straight at an iter_* directory
     latest = read_latest(load)
@@ -252,7 +289,7 @@ def find_checkpoint(load, logger=None):
         message = f"{os.path.join(load, LATEST)} missing or unreadable"
     complete = complete_iterations(load)
     if not complete:
-        raise CheckpointError(f"--load {load}: no complete checkpoint found ({message})")
+        raise CheckpointError(f"{flag} {load}: no complete checkpoint found ({message})")
     if logger is not None:
         logger.warning(f"WARNING: {message}; falling back to the newest complete checkpoint, "
                        f"iteration {complete[-1]}")
@@ -273,14 +310,8 @@ def read_metadata(path):
     return metadata
 
 
-def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
-    """Restore model (+ optimizer, scheduler, RNG unless told not to) from --load.
-
-    Returns `(iteration, consumed_train_samples)` to continue from; `(0, 0)` with --finetune,
-    which takes the weights only (as does a call without an optimizer, e.g. for generation). Must run before the first compiled step (graphs do not see
-    `set_data` made after they ran).
-    """
-    path = find_checkpoint(args.load, logger)
+def _read_rank_checkpoint(path):
+    """(this rank's directory, {name: value} of its tensors, its state.json) in checkpoint `path`."""
     state = get_parallel_state()
     tp_rank, _, pp_rank = state.coordinates()
     rank_dir = os.path.join(path, rank_dir_name(tp_rank, pp_rank, state.pipeline_model_parallel_size))
@@ -291,6 +322,26 @@ def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
             meta = json.load(f)
     except (OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {rank_dir} cannot be read: {e}") from e
+    return rank_dir, saved, meta
+
+
+def _assign(targets, rank_dir):
+    """Set each `param` of `targets` {name: (param, saved value)} after checking its shape."""
+    for name, (param, value) in targets.items():
+        if tuple(value.shape) != tuple(param.shape):
+            raise CheckpointError(f"checkpoint {rank_dir}: {name} has shape {tuple(value.shape)}, "
+                                  f"the model has {tuple(param.shape)}")
+        param.set_data(value.astype(param.dtype))
+
+
+def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
+    """Restore model (+ optimizer, scheduler, RNG unless told not to) from --load.
+
+    Returns `(iteration, consumed_train_samples)` to continue from; `(0, 0)` with --finetune,
+    which takes the weights only (as does a call without an optimizer, e.g. for generation). Must run before the first compiled step (graphs do not see
+    `set_data` made after they ran).
+    """
+    rank_dir, saved, meta = _read_rank_checkpoint(find_checkpoint(args.load, logger))
     finetune = args.finetune or optimizer is None
     load_optimizer = not (finetune or args.no_load_optim) and meta["has_optimizer"]
     params = _named_parameters(model, optimizer, load_optimizer)
@@ -299,12 +350,7 @@ def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
         raise CheckpointError(f"checkpoint {rank_dir} has no value for {len(missing)} parameters "
                               f"(first: {missing[0]}); it was saved from a different model"
                               )
-    for name, param in params.items():
-        value = saved[name]
-        if tuple(value.shape) != tuple(param.shape):
-            raise CheckpointError(f"checkpoint {rank_dir}: {name} has shape {tuple(value.shape)}, "
-                                  f"the model has {tuple(param.shape)}")
-        param.set_data(value.astype(param.dtype))
+    _assign({name: (param, saved[name]) for name, param in params.items()}, rank_dir)
     if finetune:
         return 0, 0
     if load_optimizer and meta["scheduler"] is not None:
@@ -315,3 +361,58 @@ def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
     if not args.no_load_rng and meta["rng"] is not None:
         set_rng_state(meta["rng"])
     return meta["iteration"], meta["consumed_train_samples"]
+
+
+def _prefix_of(model_names, checkpoint_names):
+    """The cell path under which the checkpoint's network sits in the model: '' when the names
+    agree, `backbone.` when the model holds the pretrained network as `self.backbone`; the
+    prefix that matches the most checkpoint tensors (the shortest among equals)."""
+    counts = {}
+    for name in model_names:
+        parts = name.split(".")
+        for cut in range(len(parts)):
+            if ".".join(parts[cut:]) in checkpoint_names:
+                prefix = ".".join(parts[:cut]) + "." if cut else ""
+                counts[prefix] = counts.get(prefix, 0) + 1
+    return max(counts, key=lambda prefix: (counts[prefix], -len(prefix))) if counts else None
+
+
+class PretrainedLoad(NamedTuple):
+    """What --pretrained-checkpoint did: model parameter names loaded and left to their fresh
+    initialisation, and checkpoint tensors that went unused."""
+    loaded: list
+    initialised: list
+    unused: list
+
+
+def load_pretrained_weights(path, model, logger=None):
+    """Model weights only (no optimizer, scheduler, iteration or RNG) from the checkpoint under
+    `path` (--pretrained-checkpoint; `latest` or an `iter_*` directory, as for --load).
+
+    Checkpoint tensor `n` goes into the model parameter `n`, or `<prefix>n` when the model wraps
+    the pretrained network in a cell (e.g. `backbone.`, see `_prefix_of`). Parameters the
+    checkpoint lacks (a new head) keep their fresh initialisation; both they and the unused
+    checkpoint tensors are logged. A shape that differs is an error. Must run before the first
+    compiled step.
+    """
+    directory = find_checkpoint(path, logger, flag="--pretrained-checkpoint")
+    rank_dir, saved, meta = _read_rank_checkpoint(directory)
+    checkpoint_names = meta.get("model_parameters") or sorted(saved)
+    params = _named_parameters(model, None, False)
+    prefix = _prefix_of(params, set(checkpoint_names))
+    if prefix is None:
+        raise CheckpointError(f"--pretrained-checkpoint {path}: none of its {len(checkpoint_names)} tensors "
+                              f"(e.g. {checkpoint_names[0]}) matches a parameter of the model "
+                              f"(e.g. {next(iter(params))}); it was saved from a different model")
+    targets = {prefix + name: (params[prefix + name], saved[name]) for name in checkpoint_names
+               if prefix + name in params}
+    _assign(targets, rank_dir)
+    report = PretrainedLoad(sorted(targets), sorted(set(params) - set(targets)),
+                            sorted(name for name in checkpoint_names if prefix + name not in params))
+    if logger is not None:
+        where = f" into {prefix!r}" if prefix else ""
+        logger.info(f" loaded {len(report.loaded)} of the model's {len(params)} parameters from "
+                    f"--pretrained-checkpoint {directory}{where} (weights only, starting at iteration 0)\n"
+                    f"   newly initialised (not in the checkpoint): {', '.join(report.initialised) or 'none'}\n"
+                    f"   unused checkpoint tensors: {', '.join(report.unused) or 'none'}")
+    return report

@@ -13,8 +13,19 @@
 `run_forward_step` is compiled into the training step (mindspore.jit); `run_compute_metrics` runs
 eagerly with the model in eval mode, over batches of tensors. Training runs `--epochs` passes
 (or `--train-iters` iterations) in global batches of `--global-batch-size`, shuffled per epoch.
+
+The validation set is evaluated after every epoch (and at the end of a run that stops
+mid-epoch); a test set, if given, once at the end. With --save, the best evaluation so far by
+`--best-metric` (higher is better; default: the first metric returned) is kept under
+`<save>/best/`: a checkpoint like the others (Megatron layout, written atomically, loadable with
+--load or --pretrained-checkpoint), replaced only by a strictly better evaluation, never pruned
+by --keep-last-n-checkpoints, its metadata.json recording {"best": {metric, value, epoch,
+iteration}}. A resumed run competes with the best its earlier part kept.
 """
+import os
+
 from rapidgpt.data.samplers import EpochSampler, SequentialSampler, micro_batches
+from rapidgpt.training.checkpointing import BEST, best_record, save_checkpoint
 from rapidgpt.training.reporting import report_metrics
 from rapidgpt.training.trainer import Trainer, hook, to_tensors
 
@@ -54,7 +65,7 @@ class Finetuner(Trainer):
     def train(self):
         self.check_hooks()
         args = self.args
-        train_ds, valid_ds, _test_ds, collate_fn = self.train_valid_test_datasets_provider()
+        train_ds, valid_ds, test_ds, collate_fn = self.train_valid_test_datasets_provider()
         iters_per_epoch = len(train_ds) // args.global_batch_size
         if iters_per_epoch == 0:
             raise ValueError(f"the training set has {len(train_ds)} samples, fewer than "
@@ -67,6 +78,7 @@ class Finetuner(Trainer):
         model, optimizer, scheduler = self.build_model_optimizer_scheduler()
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, scheduler
         iteration, consumed = self.load_checkpoint_if_asked()
+        self.best = best_record(args.save) if args.save and iteration else None
         sampler = EpochSampler(len(train_ds), consumed, args.micro_batch_size, seed=args.seed)
         batches = micro_batches(train_ds, sampler, collate_fn, args.num_workers)
         eval_loader = EvalDataLoader(valid_ds, args.micro_batch_size, collate_fn) if valid_ds is not None else None
@@ -76,10 +88,16 @@ class Finetuner(Trainer):
             return self.run_forward_step(batch, model)
 
         def evaluate(iteration):
-            metrics = {k: float(v) for k, v in self.run_compute_metrics(model, eval_loader).items()}
+            metrics = self._compute_metrics(eval_loader)
             epoch = iteration / iters_per_epoch
             report_metrics(f"validation at epoch {epoch:g} (iteration {iteration})", iteration, metrics)
             self.history.append((iteration, metrics))
+            if args.save and not args.skip_train:
+                self._keep_if_best(iteration, epoch, metrics)
+
+        def test(iteration):
+            metrics = self._compute_metrics(EvalDataLoader(test_ds, args.micro_batch_size, collate_fn))
+            report_metrics(f"test at the end of training (iteration {iteration})", iteration, metrics, "test")
 
         finished = True
         if not args.skip_train and iteration < train_iters:
@@ -88,4 +106,24 @@ class Finetuner(Trainer):
                                        start_iteration=iteration, consumed=consumed)
         if finished and eval_loader is not None and (args.skip_train or train_iters % iters_per_epoch):
             self._evaluate_in_eval_mode(model, evaluate, train_iters)
+        if finished and test_ds is not None:
+            self._evaluate_in_eval_mode(model, test, train_iters)
         return model
+
+    def _compute_metrics(self, loader):
+        return {name: float(value) for name, value in self.run_compute_metrics(self.model, loader).items()}
+
+    def _keep_if_best(self, iteration, epoch, metrics):
+        """Save under <save>/best/ when --best-metric beats every earlier evaluation (module doc)."""
+        args = self.args
+        name = args.best_metric or next(iter(metrics))
+        if name not in metrics:
+            raise ValueError(f"--best-metric {name}: run_compute_metrics returned {', '.join(metrics)}; "
+                             f"choose one of them")
+        if self.best is not None and self.best["metric"] == name and not metrics[name] > self.best["value"]:
+            return
+        self.best = {"metric": name, "value": metrics[name], "epoch": epoch, "iteration": iteration}
+        path = save_checkpoint(args, iteration, iteration * args.global_batch_size, self.model, self.optimizer,
+                               self.lr_scheduler, directory=os.path.join(args.save, BEST), keep_last_n=1,
+                               extra_metadata={"best": self.best})
+        self.logger.info(f"  best {name} so far ({metrics[name]:.6f} at epoch {epoch:g}): saved to {path}")

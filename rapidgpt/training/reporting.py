@@ -47,13 +47,13 @@ def report_validation(label, iteration, losses):
             writer.add_scalar(f"{name} validation ppl", math.exp(min(20.0, value)), iteration)
 
 
-def report_metrics(label, iteration, metrics):
+def report_metrics(label, iteration, metrics, split="validation"):
     """A finetuning evaluation: `metrics` {name: float} on one line and in TensorBoard."""
     get_logger().info(f" {label} | " + " | ".join(f"{k}: {v:.6f}" for k, v in metrics.items()) + " |")
     writer = get_tensorboard_writer()
     if writer is not None:
         for name, value in metrics.items():
-            writer.add_scalar(f"validation {name}", value, iteration)
+            writer.add_scalar(f"{split} {name}", value, iteration)
 
 
 class Reporter:

@@ -15,7 +15,8 @@ from mindspore import Tensor
 from rapidgpt.global_vars import get_args, get_logger
 from rapidgpt.optim import build_lr_scheduler, build_optimizer
 from rapidgpt.parallel.random import initialize_parameters
-from rapidgpt.training.checkpointing import ExitSignal, load_checkpoint, save_checkpoint
+from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_pretrained_weights,
+                                             save_checkpoint, start_checkpoint)
 from rapidgpt.training.reporting import Reporter
 from rapidgpt.training.step import EvalStep, TrainStep
 
@@ -86,8 +87,16 @@ class Trainer:
         return model, optimizer, scheduler
 
     def load_checkpoint_if_asked(self):
-        """With --load: restore the state and return (iteration, consumed samples) to resume at."""
-        if not self.args.load:
+        """Megatron's start: resume from --load when it holds a checkpoint, else take the model
+        weights of --pretrained-checkpoint (parameters it lacks keep their fresh initialisation).
+        Returns (iteration, consumed samples) to continue from."""
+        flag, _ = start_checkpoint(self.args)
+        if flag == "--pretrained-checkpoint":
+            if self.args.load:
+                self.logger.info(f" no checkpoint under --load {self.args.load} yet: starting from "
+                                 f"--pretrained-checkpoint")
+            load_pretrained_weights(self.args.pretrained_checkpoint, self.model, self.logger)
+        if flag != "--load":
             return 0, 0
         iteration, consumed = load_checkpoint(self.args, self.model, self.optimizer, self.lr_scheduler,
                                               self.logger)

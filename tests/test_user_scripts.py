@@ -134,6 +134,24 @@ def test_user_script_finetune_classification(env, demo):
     assert "final validation accuracy" in out
 
 
+def test_user_script_finetune_classification_on_files_from_a_pretrained_checkpoint(env, demo, tmp_path):
+    pretrained = str(tmp_path / "pretrained")
+    run_ok(["--task", "pretraining", *TINY_GPT, "--micro-batch-size", "4", "--train-iters", "4",
+            "--eval-iters", "0", "--max-new-tokens", "0", "--save", pretrained], env)
+    for name, size in (("train", 64), ("valid", 32)):
+        rows = [f"{i}\tthe review\t{'good fine' if i % 2 else 'bad awful'} film\t{'pos' if i % 2 else 'neg'}"
+                for i in range(size)]
+        (tmp_path / f"{name}.tsv").write_text("id\ttext_a\ttext_b\tlabel\n" + "\n".join(rows) + "\n")
+    out = run_ok(["--user-script", str(USER_SCRIPTS / "finetune_classification.py"), "--no-progress-bar",
+                  "--pretrained-checkpoint", pretrained, "--data-path", str(tmp_path / "train.tsv"),
+                  "--valid-data-path", str(tmp_path / "valid.tsv"), "--micro-batch-size", "16",
+                  "--epochs", "1", "--lr", "2e-3"], env)
+    assert "labels 0=neg, 1=pos" in out
+    assert "into 'backbone.'" in out and "newly initialised (not in the checkpoint): head.bias, head.weight" in out
+    assert re.search(r"validation at epoch 1 \(iteration 4\) \| accuracy: [0-9.]+ \| f1: [0-9.]+ \|", out), out
+    assert "final validation accuracy" in out and "(chance 0.500)" in out
+
+
 # ---- user_scripts/custom_loop.py ---------------------------------------------------------------
 
 def test_user_script_custom_loop(env, demo):
@@ -158,6 +176,15 @@ def test_neither_task_nor_user_script(env):
     result = run(["--num-layers", "2"], env, timeout=120)
     assert result.returncode == 2
     assert "give --task pretraining or --user-script FILE" in result.stderr
+
+
+def test_classification_data_error_is_one_line(env, demo, tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"text": "a b", "label": 0}\n{"text": "c d"}\n')
+    result = run(["--task", "sequence_classification", *TINY_GPT, *tokenizer_flags(demo), "--data-path",
+                  str(train), "--epochs", "1"], env, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"rapidgpt: error: {train}:2: no 'label' field" in result.stderr
 
 
 def test_flag_not_in_this_build(env):

@@ -1,22 +1,30 @@
-"""Sentence classification with a GPT backbone: a RapidGPT Finetuner on a dataset of your own.
+"""Sentence classification with a GPT backbone: a RapidGPT Finetuner with a model of your own.
 
     rapidgpt --user-script user_scripts/finetune_classification.py \
         --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt \
         --num-classes 3 --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
         --micro-batch-size 16 --epochs 3 --lr 2e-3
 
+    # your own labelled files and a pretrained GPT (its checkpoint supplies the model flags):
+    rapidgpt --user-script user_scripts/finetune_classification.py --pretrained-checkpoint ckpt/ \
+        --data-path train.jsonl --valid-data-path valid.jsonl --micro-batch-size 16 --epochs 3
+
 (launch/finetune_classification.sh runs it with the embedded demo corpus's tokenizer).
+`rapidgpt --task sequence_classification` is the same job as a black box, with the built-in
+last-token head; this file is the white-box version to copy and change.
 
 What it shows:
-  - a dataset made in the script (any map-style dataset works: `len()` and `ds[i]` -> dict of arrays);
-  - a model of your own: the built-in GPT as a backbone plus a classification head;
+  - data: .jsonl/.tsv files read by `rapidgpt.data.classification` (as the task does), or else a
+    dataset made in the script (any map-style dataset works: `len()` and `ds[i]` -> dict of arrays);
+  - a model of your own: the built-in GPT as a backbone plus a classification head; with
+    --pretrained-checkpoint the backbone starts from pretrained weights, the head afresh;
   - `run_forward_step(batch, model)` -> the loss (compiled into the training step);
-  - `run_compute_metrics(model, eval_dataloader)` -> {"accuracy": ...}, run after every epoch;
-  - a flag of your own (`--num-classes`) added with `extra_args_provider`.
+  - `run_compute_metrics(model, eval_dataloader)` -> {"accuracy": ..., "f1": ...}, after every epoch;
+  - flags of your own (`--train-size`, `--valid-size`) added with `extra_args_provider`.
 
-The data: short "sentences" about one of a few topics (sports, food, weather, ...). Each mixes
-several words of its topic, one distracting word of another topic and filler words, in random
-order; the label is the topic. A model must look at the words, not at their positions.
+The made-up data: short "sentences" about one of a few topics (sports, food, weather, ...). Each
+mixes several words of its topic, one distracting word of another topic and filler words, in
+random order; the label is the topic. A model must look at the words, not at their positions.
 """
 import sys
 
@@ -24,18 +32,19 @@ import numpy as np
 from mindspore import nn, ops
 
 from rapidgpt import Finetuner, RapidGPTEngine, get_args, get_tokenizer
+from rapidgpt.data.classification import ClassificationDataset, Example, classification_datasets
 from rapidgpt.models import build_gpt_model
+from rapidgpt.training.metrics import classification_metrics
 
 
 # ----------------------------------------------------------------------------------------------
-# A flag of our own
+# Flags of our own
 # ----------------------------------------------------------------------------------------------
 
 def add_classification_args(parser):
-    """Extra flags for this script; they are parsed and validated with the engine's own."""
-    group = parser.add_argument_group("classification example")
-    group.add_argument("--num-classes", type=int, default=3, choices=range(2, len(TOPICS) + 1),
-                       help="how many topics to tell apart")
+    """Extra flags for this script; they are parsed and validated with the engine's own.
+    (--num-classes is the engine's: with the made-up data, how many topics to tell apart.)"""
+    group = parser.add_argument_group("classification example (made-up data, without --data-path)")
     group.add_argument("--train-size", type=int, default=768, help="training sentences")
     group.add_argument("--valid-size", type=int, default=192, help="validation sentences")
     return parser
@@ -66,34 +75,15 @@ def make_sentence(rng, topic_names, label):
     return " ".join(words)
 
 
-class TopicDataset:
-    """`ds[i]` -> {"tokens", "position_ids", "padding_mask" [seq_length], "label" []} numpy arrays.
-
-    Sentences are tokenized with the run's tokenizer and right-padded to --seq-length; the
-    padding mask (1 on real tokens) lets the model average over the sentence only.
-    """
-
-    def __init__(self, size, num_classes, seq_length, tokenizer, seed):
-        rng = np.random.default_rng(seed)
-        topic_names = sorted(TOPICS)[:num_classes]
-        self.samples = []
-        for _ in range(size):
-            label = int(rng.integers(num_classes))
-            ids = tokenizer.tokenize(make_sentence(rng, topic_names, label))[:seq_length]
-            tokens = np.full(seq_length, tokenizer.eod, np.int32)     # pad with the end-of-text id
-            tokens[:len(ids)] = ids
-            mask = np.zeros(seq_length, np.float32)
-            mask[:len(ids)] = 1.0
-            self.samples.append({"tokens": tokens,
-                                 "position_ids": np.arange(seq_length, dtype=np.int32),
-                                 "padding_mask": mask,
-                                 "label": np.int32(label)})
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, i):
-        return self.samples[i]
+def topic_examples(size, topic_names, seed):
+    """`size` labelled sentences, as the examples read from a data file are."""
+    rng = np.random.default_rng(seed)
+    examples = []
+    for i in range(size):
+        label = int(rng.integers(len(topic_names)))
+        examples.append(Example(make_sentence(rng, topic_names, label), None, topic_names[label],
+                                f"made-up sentence {i}"))
+    return examples
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,8 +93,11 @@ class TopicDataset:
 class GPTClassifier(nn.Cell):
     """Mean of the GPT's final hidden states over the real tokens, then a linear layer to classes.
 
-    The head is a plain `nn.Dense`: its weights are small and replicated, so it needs nothing from
-    tensor parallelism (a `rapidgpt.parallel.ColumnParallelLinear` would split it across ranks).
+    (The built-in `rapidgpt.models.classification.GPTSequenceClassifier` reads the last token
+    instead.) The head is a plain `nn.Dense`: its weights are small and replicated, so it needs
+    nothing from tensor parallelism (a `rapidgpt.parallel.ColumnParallelLinear` would split it
+    across ranks). With --pretrained-checkpoint, the checkpoint's GPT tensors load into
+    `backbone.*`, and `head.*` keeps its fresh initialisation.
     """
 
     def __init__(self, backbone, hidden_size, num_classes):
@@ -112,9 +105,10 @@ class GPTClassifier(nn.Cell):
         self.backbone = backbone
         self.head = nn.Dense(hidden_size, num_classes)
 
-    def construct(self, tokens, position_ids, padding_mask):
+    def construct(self, tokens, position_ids, last_index):
         hidden = self.backbone.hidden_states(tokens, position_ids)        # [b, s, h], causal attention
-        mask = padding_mask.expand_dims(-1)                                # [b, s, 1]
+        positions = ops.arange(tokens.shape[1], dtype=last_index.dtype).reshape(1, -1)   # [1, s]
+        mask = (positions <= last_index.reshape(-1, 1)).astype(hidden.dtype).expand_dims(-1)  # [b, s, 1]
         pooled = (hidden * mask).sum(axis=1) / mask.sum(axis=1)            # [b, h]
         return self.head(pooled)                                           # [b, num_classes]
 
@@ -126,18 +120,27 @@ class GPTClassifier(nn.Cell):
 class TopicClassificationFinetuner(Finetuner):
 
     def train_valid_test_datasets_provider(self):
-        """Train and validation sets (different seeds, so different sentences); no test set.
+        """Train, validation (and test) sets: the files of --data-path, --valid-data-path,
+        --test-data-path, else made-up sentences (train and validation from different seeds).
 
+        Samples are {"tokens", "position_ids" [seq_length], "last_index", "label" []} numpy
+        arrays: the sentence's tokens and an end-of-text token, right-padded to --seq-length.
         The fourth value is the collate function: None stacks each field of the samples into a
-        batch, which is all this dataset needs.
+        batch, which is all these datasets need.
         """
         args, tokenizer = self.args, get_tokenizer()
-        train = TopicDataset(args.train_size, args.num_classes, args.seq_length, tokenizer, args.seed)
-        valid = TopicDataset(args.valid_size, args.num_classes, args.seq_length, tokenizer, args.seed + 1)
+        if args.data_path or args.train_data_path:
+            return (*classification_datasets(args, tokenizer, self.logger), None)
+        args.labels = sorted(TOPICS)[:args.num_classes]        # class id -> name, kept in checkpoints
+        train = ClassificationDataset(topic_examples(args.train_size, args.labels, args.seed), args.labels,
+                                      tokenizer, args.seq_length)
+        valid = ClassificationDataset(topic_examples(args.valid_size, args.labels, args.seed + 1),
+                                      args.labels, tokenizer, args.seq_length)
         return train, valid, None, None
 
     def model_optimizer_lr_scheduler_provider(self):
-        """GPT from the model flags (--num-layers, --hidden-size, ...) with a head of --num-classes.
+        """GPT from the model flags (--num-layers, --hidden-size, ...; with --pretrained-checkpoint,
+        from its metadata) with a head of --num-classes.
 
         None, None: AdamW and the learning-rate schedule are built from the flags.
         """
@@ -147,45 +150,52 @@ class TopicClassificationFinetuner(Finetuner):
 
     def run_forward_step(self, batch, model):
         """Cross-entropy of one micro-batch. Compiled with mindspore.jit: tensor code only."""
-        logits = model(batch["tokens"], batch["position_ids"], batch["padding_mask"])
+        logits = model(batch["tokens"], batch["position_ids"], batch["last_index"])
         return ops.cross_entropy(logits, batch["label"])
 
     def run_compute_metrics(self, model, eval_dataloader):
-        """Accuracy over the validation set (runs eagerly, with dropout off).
+        """Accuracy and macro-F1 over the validation set (runs eagerly, with dropout off).
 
         `eval_dataloader` yields batches of Tensors, each sample once. `self.gather` collects
-        the per-sample results of every data-parallel rank, so the metric covers the whole set.
+        the per-sample results of every data-parallel rank, so the metrics cover the whole set.
         """
-        correct = []
+        predicted, expected = [], []
         for batch in eval_dataloader:
-            logits = model(batch["tokens"], batch["position_ids"], batch["padding_mask"])
-            predictions = logits.argmax(axis=-1).asnumpy()
-            correct.append(predictions == batch["label"].asnumpy())
-        correct = self.gather(np.concatenate(correct))
-        return {"accuracy": float(correct.mean())}
+            logits = model(batch["tokens"], batch["position_ids"], batch["last_index"])
+            predicted.append(logits.argmax(axis=-1).asnumpy())
+            expected.append(batch["label"].asnumpy())
+        return classification_metrics(self.gather(np.concatenate(predicted)),
+                                      self.gather(np.concatenate(expected)))
 
 
 # ----------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------
 
-def check_tokenizer():
-    """The sentences are text: refuse to start without a tokenizer, saying what to pass."""
+def check_flags(args):
+    """Refuse to start without a tokenizer, or with more topics than the made-up data has."""
+    problem = None
     if get_tokenizer() is None:
-        print("finetune_classification.py: error: the sentences need a tokenizer: pass --tokenizer-type "
-              "GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt "
-              "(launch/finetune_classification.sh uses the demo corpus's)", file=sys.stderr)
+        problem = ("the sentences need a tokenizer: pass --tokenizer-type GPT2BPETokenizer --vocab-file "
+                   "vocab.json --merge-file merges.txt, or a --pretrained-checkpoint that records one "
+                   "(launch/finetune_classification.sh uses the demo corpus's)")
+    elif not (args.data_path or args.train_data_path):
+        args.num_classes = args.num_classes or 3
+        if args.num_classes > len(TOPICS):
+            problem = f"--num-classes {args.num_classes}: the made-up data has {len(TOPICS)} topics"
+    if problem:
+        print(f"finetune_classification.py: error: {problem}", file=sys.stderr)
         sys.exit(2)
 
 
 if __name__ == "__main__":
     engine = RapidGPTEngine(extra_args_provider=add_classification_args)
     args = get_args()
-    check_tokenizer()
+    check_flags(args)
     trainer = TopicClassificationFinetuner(engine=engine)
     trainer.train()
-    # trainer.history holds (iteration, metrics) of every evaluation.
-    iteration, metrics = trainer.history[-1]
-    chance = 1.0 / args.num_classes
-    trainer.logger.info(f"final validation accuracy {metrics['accuracy']:.3f} (chance {chance:.3f}) "
-                        f"after {iteration} iterations")
+    if trainer.history:                  # (iteration, metrics) of every validation
+        iteration, metrics = trainer.history[-1]
+        chance = 1.0 / args.num_classes
+        trainer.logger.info(f"final validation accuracy {metrics['accuracy']:.3f} (chance {chance:.3f}) "
+                            f"after {iteration} iterations")

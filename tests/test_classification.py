@@ -17,7 +17,7 @@ from rapidgpt.tasks.pretraining import main as pretrain_main
 from rapidgpt.tasks.sequence_classification import main as classify_main
 from rapidgpt.training.checkpointing import (BEST, CheckpointError, iteration_dir, load_pretrained_weights,
                                              read_metadata, save_checkpoint)
-from rapidgpt.training.metrics import classification_metrics
+from rapidgpt.training.metrics import classification_metrics, evaluate_classification
 
 
 class CharTokenizer:
@@ -122,6 +122,17 @@ def test_accuracy_and_macro_f1_by_hand():
     assert metrics["accuracy"] == pytest.approx(3 / 6)
     assert metrics["f1"] == pytest.approx((4 / 7 + 1 / 2 + 0) / 3)
     assert classification_metrics([1, 1], [1, 1]) == {"accuracy": 1.0, "f1": 1.0}
+    batches = [{"label": np.array(labels[i:i + 4]).view(HostTensor),
+                "logits": np.eye(3)[predictions[i:i + 4]].view(HostTensor)} for i in (0, 4)]
+    assert evaluate_classification(lambda batch: batch["logits"], batches) == metrics
+
+
+class HostTensor(np.ndarray):
+    """A numpy array with Tensor's `asnumpy()`: no MindSpore kernel may run before the first
+    RapidGPTEngine of the process (it sets the CPU thread count, which must come first)."""
+
+    def asnumpy(self):
+        return self.view(np.ndarray)
 
 
 # ---- --pretrained-checkpoint: weights only, name prefix, report ---------------------------------

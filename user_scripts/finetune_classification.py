@@ -34,7 +34,7 @@ from mindspore import nn, ops
 from rapidgpt import Finetuner, RapidGPTEngine, get_args, get_tokenizer
 from rapidgpt.data.classification import ClassificationDataset, Example, classification_datasets
 from rapidgpt.models import build_gpt_model
-from rapidgpt.training.metrics import classification_metrics
+from rapidgpt.training.metrics import evaluate_classification
 
 
 # ----------------------------------------------------------------------------------------------
@@ -156,16 +156,14 @@ class TopicClassificationFinetuner(Finetuner):
     def run_compute_metrics(self, model, eval_dataloader):
         """Accuracy and macro-F1 over the validation set (runs eagerly, with dropout off).
 
-        `eval_dataloader` yields batches of Tensors, each sample once. `self.gather` collects
-        the per-sample results of every data-parallel rank, so the metrics cover the whole set.
+        `eval_dataloader` yields batches of Tensors, each sample once; `evaluate_classification`
+        takes the argmax of each batch's logits, collects predictions and labels of every
+        data-parallel rank with `self.gather` (so the metrics cover the whole set) and returns
+        {"accuracy": ..., "f1": ...}.
         """
-        predicted, expected = [], []
-        for batch in eval_dataloader:
-            logits = model(batch["tokens"], batch["position_ids"], batch["last_index"])
-            predicted.append(logits.argmax(axis=-1).asnumpy())
-            expected.append(batch["label"].asnumpy())
-        return classification_metrics(self.gather(np.concatenate(predicted)),
-                                      self.gather(np.concatenate(expected)))
+        return evaluate_classification(
+            lambda batch: model(batch["tokens"], batch["position_ids"], batch["last_index"]),
+            eval_dataloader, self.gather)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ as `lm loss`, as Megatron's finetuning does) is the cross-entropy of the labels.
 epoch the validation set's accuracy and macro-F1 are logged and, with --save, the best epoch by
 --best-metric (accuracy by default) is kept under `<save>/best/`.
 """
-import numpy as np
 from mindspore import ops
 
 from rapidgpt.arguments import parse_args
@@ -22,7 +21,12 @@ from rapidgpt.global_vars import get_tokenizer
 from rapidgpt.models.classification import build_gpt_classifier
 from rapidgpt.tasks.pretraining import vocab_size
 from rapidgpt.training.finetuner import Finetuner
-from rapidgpt.training.metrics import classification_metrics
+from rapidgpt.training.metrics import evaluate_classification
+
+
+def logits(model, batch):
+    """`[b, classes]` logits of a batch of encoded texts."""
+    return model(batch["tokens"], batch["position_ids"], batch["last_index"])
 
 
 class SequenceClassificationFinetuner(Finetuner):
@@ -35,17 +39,10 @@ class SequenceClassificationFinetuner(Finetuner):
         return build_gpt_classifier(self.args, vocab_size(self.args)), None, None
 
     def run_forward_step(self, batch, model):
-        logits = model(batch["tokens"], batch["position_ids"], batch["last_index"])   # [b, classes]
-        return ops.cross_entropy(logits, batch["label"])
+        return ops.cross_entropy(logits(model, batch), batch["label"])
 
     def run_compute_metrics(self, model, eval_dataloader):
-        predictions, labels = [], []
-        for batch in eval_dataloader:
-            logits = model(batch["tokens"], batch["position_ids"], batch["last_index"])
-            predictions.append(logits.argmax(axis=-1).asnumpy())
-            labels.append(batch["label"].asnumpy())
-        return classification_metrics(self.gather(np.concatenate(predictions)),
-                                      self.gather(np.concatenate(labels)))
+        return evaluate_classification(lambda batch: logits(model, batch), eval_dataloader, self.gather)
 
 
 def main(argv=None):

@@ -19,3 +19,14 @@ def classification_metrics(predictions, labels):
         fp_plus_fn = np.sum((predictions == c) != (labels == c))
         f1.append(2 * tp / (2 * tp + fp_plus_fn))
     return {"accuracy": float(np.mean(predictions == labels)), "f1": float(np.mean(f1))}
+
+
+def evaluate_classification(logits_of, eval_dataloader, gather=np.asarray):
+    """`classification_metrics` over an evaluation set: `logits_of(batch)` gives the `[b, classes]`
+    logits of each batch (its "label" `[b]` holds the class ids); `gather` (a Finetuner's
+    `self.gather`) collects every data-parallel rank's predictions and labels first."""
+    predictions, labels = [], []
+    for batch in eval_dataloader:
+        predictions.append(logits_of(batch).argmax(axis=-1).asnumpy())
+        labels.append(batch["label"].asnumpy())
+    return classification_metrics(gather(np.concatenate(predictions)), gather(np.concatenate(labels)))

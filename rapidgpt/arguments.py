@@ -13,6 +13,7 @@ import os
 import sys
 
 from rapidgpt.data.gpt_dataset import parse_split
+from rapidgpt.parallel.comm import launched_world_size
 
 TASKS = ("pretraining", "text_generation", "sequence_classification")
 DEVICES = ("cpu", "gpu", "ascend")
@@ -119,7 +120,7 @@ def _data_args(parser):
 NOT_YET = {
     "this build runs on one process; tensor/pipeline/data parallelism and the launcher arrive "
     "with the distributed release": [
-        ("--tensor-model-parallel-size", 1), ("--pipeline-model-parallel-size", 1),
+        ("--pipeline-model-parallel-size", 1),
         ("--num-layers-per-virtual-pipeline-stage", None), ("--sequence-parallel", False),
         ("--nproc-per-node", None), ("--nnodes", None), ("--node-rank", None),
         ("--master-addr", None), ("--master-port", None)],
@@ -134,6 +135,13 @@ NOT_YET = {
         ("--recompute-granularity", None), ("--recompute-method", None),
         ("--recompute-num-layers", None), ("--checkpoint-activations", False)],
 }
+
+
+def _parallel_args(parser):
+    g = parser.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1,
+                   help="split every layer's matrices over this many ranks (Megatron TP); the data-"
+                        "parallel size is the number of processes / (TP x PP)")
 
 
 def _reserved_args(parser):
@@ -212,7 +220,7 @@ def build_parser(extra_args_provider=None):
         prog="rapidgpt", allow_abbrev=False,
         description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's names.")
     for add in (_model_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
-                _logging_args, _engine_args, _reserved_args):
+                _logging_args, _engine_args, _parallel_args, _reserved_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -227,7 +235,7 @@ def parse_args(extra_args_provider=None, argv=None):
     try:
         if args.load or args.pretrained_checkpoint:
             apply_checkpoint_args(args, given_flags(parser, argv))
-        validate_args(args)
+        validate_args(args, world_size=launched_world_size())
     except ArgumentError as e:
         parser.error(str(e))
     return args
@@ -292,11 +300,20 @@ def validate_args(args, world_size=1):
         _require(0.0 <= getattr(args, flag) < 1.0, f"--{flag.replace('_', '-')} must be in [0, 1)")
     _require(args.make_vocab_size_divisible_by >= 1, "--make-vocab-size-divisible-by must be >= 1")
 
-    # Parallel layout (one process in this build; the formulas already hold for more).
+    # Parallel layout: world = TP x PP x DP, DP derived.
     args.world_size = world_size
-    args.tensor_model_parallel_size = args.tensor_model_parallel_size or 1
     args.pipeline_model_parallel_size = args.pipeline_model_parallel_size or 1
-    model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    tp = args.tensor_model_parallel_size
+    _require(tp >= 1, f"--tensor-model-parallel-size must be >= 1, got {tp}")
+    model_parallel = tp * args.pipeline_model_parallel_size
+    _require(world_size % model_parallel == 0,
+             f"{world_size} processes cannot be split into --tensor-model-parallel-size {tp} x "
+             f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size} groups; make the "
+             f"number of processes (--nproc-per-node x --nnodes) a multiple of {model_parallel}")
+    for flag, size in (("--num-attention-heads", args.num_attention_heads),
+                       ("--ffn-hidden-size", args.ffn_hidden_size)):
+        _require(size % tp == 0, f"{flag} {size} is not divisible by --tensor-model-parallel-size "
+                                 f"{tp}: each TP rank holds an equal share")
     args.data_parallel_size = world_size // model_parallel
     per_step = args.micro_batch_size * args.data_parallel_size
     if args.global_batch_size is None:

@@ -14,6 +14,7 @@ import numpy as np
 from rapidgpt.arguments import parse_args
 from rapidgpt.global_vars import set_global_variables
 from rapidgpt.optim import build_lr_scheduler, build_optimizer
+from rapidgpt.parallel import comm
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import ParallelState, initialize_parallel_state
 from rapidgpt.tokenizer import build_tokenizer
@@ -61,10 +62,23 @@ class RapidGPTEngine:
             ms.device_context.cpu.op_tuning.threads_num(args.cpu_threads or os.cpu_count() or 1)
             _THREADS_SET = True
         set_seeds(args.seed)
-        self.parallel_state = ParallelState(world_size=args.world_size)
-        initialize_parallel_state(self.parallel_state)
+        rank, world_size = comm.init_distributed(self.device)
+        if world_size != args.world_size:
+            raise RuntimeError(f"the flags were validated for {args.world_size} processes, but this job "
+                               f"has {world_size}")
+        self.parallel_state = state = ParallelState(
+            world_size=world_size, rank=rank, tensor_model_parallel_size=args.tensor_model_parallel_size,
+            pipeline_model_parallel_size=args.pipeline_model_parallel_size)
+        initialize_parallel_state(state, groups=self._groups(state) if world_size > 1 else None)
         self.tokenizer = build_tokenizer(args) if args.tokenizer_type else None
-        set_global_variables(args, self.tokenizer)
+        set_global_variables(args, self.tokenizer, rank=rank)
+
+    @staticmethod
+    def _groups(state):
+        """This rank's TP, DP and PP communication groups (every member creates each)."""
+        return {"tensor": comm.new_group(state.tensor_parallel_ranks()),
+                "data": comm.new_group(state.data_parallel_ranks()),
+                "pipeline": comm.new_group(state.pipeline_parallel_ranks())}
 
     def compose(self, model, optimizer=None, lr_scheduler=None, train_dataloader=None):
         """Rapidformer's no-trainer mode for a hand-written loop.

@@ -44,7 +44,7 @@ def validate(*argv):
     (["--split", "a,b"], "--split 'a,b': expected up to three non-negative weights"),
     (["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json"], "--merge-file is required"),
     (["--hidden-dropout", "1.0"], "--hidden-dropout must be in [0, 1)"),
-    (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size: not supported by this build"),
+    (["--tensor-model-parallel-size", "2"], "1 processes cannot be split into --tensor-model-parallel-size 2"),
     (["--fp16"], "--fp16: not supported by this build (mixed precision arrives"),
     (["--save-interval", "5"], "--save-interval needs --save DIR"),
     (["--skip-train"], "--skip-train evaluates a checkpoint: give --load"),
@@ -98,6 +98,26 @@ def test_parallel_state_rank_order_is_megatrons():
     assert state.pipeline_parallel_ranks() == [1, 5]
     with pytest.raises(ValueError, match="world size 6 is not divisible by --tensor-model-parallel-size 4"):
         ParallelState(world_size=6, tensor_model_parallel_size=4)
+
+
+@pytest.mark.parametrize("world,argv,message", [
+    (4, ["--tensor-model-parallel-size", "4", "--num-attention-heads", "6", "--hidden-size", "96"],
+     "--num-attention-heads 6 is not divisible by --tensor-model-parallel-size 4"),
+    (4, ["--tensor-model-parallel-size", "2", "--ffn-hidden-size", "33"],
+     "--ffn-hidden-size 33 is not divisible by --tensor-model-parallel-size 2"),
+    (6, ["--tensor-model-parallel-size", "4"], "6 processes cannot be split into --tensor-model-parallel-size 4"),
+    (4, ["--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "6"],
+     "--global-batch-size 6 must be a positive multiple of --micro-batch-size 2 x data-parallel size 2"),
+])
+def test_layout_errors_name_the_flags(world, argv, message):
+    with pytest.raises(ArgumentError, match=re.escape(message)):
+        validate_args(build_parser().parse_args(argv), world_size=world)
+
+
+def test_layout_derives_data_parallel_size_and_micro_batches():
+    args = validate_args(build_parser().parse_args(["--tensor-model-parallel-size", "2", "--micro-batch-size", "2",
+                                                    "--global-batch-size", "16"]), world_size=8)
+    assert (args.data_parallel_size, args.num_micro_batches) == (4, 2)
 
 
 # ---- template contract ----------------------------------------------------------------------------

@@ -14,7 +14,9 @@ import numpy as np
 
 from rapidgpt.arguments import padded_vocab_size
 from rapidgpt.models.transformer import ParallelTransformerLayer, TransformerConfig
+from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy
 from rapidgpt.parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
+from rapidgpt.parallel.mappings import CopyToTensorParallelRegion, GatherFromTensorParallelRegion
 from rapidgpt.parallel.random import Dropout, ParamInit
 from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
 
@@ -49,6 +51,13 @@ class GPTModel(nn.Cell):
         self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
                                                   drawn_rows=vocab_size) if self.untied else None)
         self.logits_matmul = ops.MatMul(transpose_b=True)
+        self.tp = get_tensor_model_parallel_world_size()
+        if self.tp > 1:
+            # Logits stay split over the vocabulary: the loss never needs them whole.
+            self.copy_to_region = CopyToTensorParallelRegion()
+            self.gather_from_region = GatherFromTensorParallelRegion()
+            self.cross_entropy = VocabParallelCrossEntropy(self.word_embeddings.vocab_start,
+                                                           padded_vocab_size // self.tp, vocab_size)
 
     def output_weight(self):
         return self.output_layer.weight if self.untied else self.word_embeddings.weight
@@ -63,10 +72,19 @@ class GPTModel(nn.Cell):
             x = layer(x, attention_mask)
         return self.final_layernorm(x)
 
+    def parallel_logits(self, x):
+        """`[b, s, h]` final hidden states -> `[b*s, padded / tp]`: this rank's vocabulary slice."""
+        b, s, h = x.shape
+        x = x.reshape(b * s, h)
+        if self.tp > 1:
+            x = self.copy_to_region(x)
+        return self.logits_matmul(x, self.output_weight())
+
     def logits(self, x):
         """`[b, s, h]` final hidden states -> `[b*s, vocab]` logits over the true vocabulary."""
-        b, s, h = x.shape
-        logits = self.logits_matmul(x.reshape(b * s, h), self.output_weight())      # [b*s, padded]
+        logits = self.parallel_logits(x)
+        if self.tp > 1:
+            logits = self.gather_from_region(logits)                                # [b*s, padded]
         if self.padded_vocab_size > self.vocab_size:
             logits = logits[:, :self.vocab_size]
         return logits
@@ -85,10 +103,12 @@ class GPTModel(nn.Cell):
     def construct(self, tokens, position_ids=None, attention_mask=None, labels=None):
         x = self.hidden_states(tokens, position_ids, attention_mask)
         b, s, _ = x.shape
-        logits = self.logits(x)
         if labels is None:
-            return logits.reshape(b, s, self.vocab_size)
-        losses = ops.cross_entropy(logits, labels.reshape(-1), reduction="none")
+            return self.logits(x).reshape(b, s, self.vocab_size)
+        if self.tp > 1:
+            losses = self.cross_entropy(self.parallel_logits(x), labels.reshape(-1))
+        else:
+            losses = ops.cross_entropy(self.logits(x), labels.reshape(-1), reduction="none")
         return losses.reshape(b, s)
 
 

@@ -3,9 +3,9 @@
 They take and return tuples of Tensors and branch on no tensor value, so they run unchanged in
 PyNative and inside an `ms.jit` step.
 
-With tensor parallelism each rank holds a shard of the sharded parameters: the squared norms of
-those must be summed across the TP ranks (and replicated ones counted once) before the square
-root. That is not done here yet; these functions see only the local gradients.
+With tensor parallelism each rank holds a shard of the sharded parameters: the caller passes the
+gradients this rank counts (its shards, and the replicated ones on one rank only) and the
+all-reduce that adds the partial sums of squares over the TP group before the square root.
 """
 import mindspore as ms
 from mindspore import ops
@@ -20,13 +20,15 @@ def _sum_of_squares(g):
     return ops.sum(g)
 
 
-def global_grad_norm(grads):
-    """L2 norm over all gradients together, accumulated in fp32 (fp16 squares overflow).
+def global_grad_norm(grads, sum_over_ranks=None):
+    """L2 norm over all gradients together, accumulated in fp32 (fp16 squares overflow);
+    `sum_over_ranks` (a rapidgpt.parallel.comm.AllReduce) adds other ranks' sums of squares.
 
     It is non-finite whenever some gradient holds a NaN/Inf, so it doubles as the finite check
     of the step (no second pass over the gradients).
     """
-    return ops.sqrt(ops.addn([_sum_of_squares(g) for g in grads]))
+    squares = ops.addn([_sum_of_squares(g) for g in grads])
+    return ops.sqrt(squares if sum_over_ranks is None else sum_over_ranks(squares))
 
 
 def clip_grads_by_global_norm(grads, max_norm, norm=None):

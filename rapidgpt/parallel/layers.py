@@ -1,18 +1,20 @@
 """Megatron's tensor-parallel layers (public API for white-box users' own models).
 
 Each layer holds only its rank's shard and declares, in `param_inits`, the full shape and split
-dimension of each parameter, so `rapidgpt.parallel.random.initialize_parameters` can give every
-layout the same weights. At tensor-parallel size 1 (this build) a shard is the whole tensor and
-the layers are plain linear/embedding layers; the cross-rank exchanges join with the distributed
-release.
+dimension of each parameter, so `rapidgpt.parallel.random.initialize_parameters` gives every
+layout the same weights. Exchanges between ranks go through the region cells of
+`rapidgpt.parallel.mappings`; at tensor-parallel size 1 they are left out and the layers are
+plain linear/embedding layers.
 
 Shapes: inputs are `[..., in]` (the GPT uses `[b, s, h]`); weights are `[out, in]` as Megatron's.
 """
 from mindspore import Parameter, Tensor, nn, ops
 import numpy as np
 
+from rapidgpt.parallel.mappings import (CopyToTensorParallelRegion, GatherFromTensorParallelRegion,
+                                       ReduceFromTensorParallelRegion, ScatterToTensorParallelRegion)
 from rapidgpt.parallel.random import ParamInit
-from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
+from rapidgpt.parallel.state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
 
 def divide(numerator, denominator, what="size"):
@@ -21,8 +23,12 @@ def divide(numerator, denominator, what="size"):
     return numerator // denominator
 
 
-def _zeros(shape, name):
-    return Parameter(Tensor(np.zeros(shape, np.float32)), name=name)
+def _zeros(shape, name, sharded):
+    """A zero fp32 parameter; `sharded`: each TP rank holds a different part of it (Megatron's
+    `param.tensor_model_parallel`, read by the grad-norm and the checkpoint code)."""
+    param = Parameter(Tensor(np.zeros(shape, np.float32)), name=name)
+    param.tensor_model_parallel = sharded
+    return param
 
 
 class _ParallelLinear(nn.Cell):
@@ -34,39 +40,73 @@ class _ParallelLinear(nn.Cell):
         self.input_size, self.output_size = input_size, output_size
         out_local = divide(output_size, tp, "output size") if partition_dim == 0 else output_size
         in_local = divide(input_size, tp, "input size") if partition_dim == 1 else input_size
-        self.weight = _zeros((out_local, in_local), "weight")
-        self.bias = _zeros((out_local if partition_dim == 0 else output_size,), "bias") if bias else None
+        self.weight = _zeros((out_local, in_local), "weight", partition_dim is not None)
+        self.bias = _zeros((out_local if partition_dim == 0 else output_size,), "bias",
+                           partition_dim == 0) if bias else None
         self.param_inits = {"weight": ParamInit(init_std, (output_size, input_size), partition_dim, drawn_rows)}
         if bias:
             self.param_inits["bias"] = ParamInit(0.0, (output_size,), 0 if partition_dim == 0 else None)
         self.matmul = ops.MatMul(transpose_b=True)
+        self.tp = tp
 
-    def construct(self, x):
+    def local_linear(self, x):
+        """`x W_local^T` without the bias, on the last dimension."""
         shape = x.shape
         y = self.matmul(x.reshape(-1, shape[-1]), self.weight)
-        y = y.reshape(shape[:-1] + (y.shape[-1],))
+        return y.reshape(shape[:-1] + (y.shape[-1],))
+
+    def construct(self, x):
+        y = self.local_linear(x)
         return y if self.bias is None else y + self.bias
 
 
 class ColumnParallelLinear(_ParallelLinear):
-    """Linear layer with W split along its output rows: `[..., in] -> [..., out / tp]`.
+    """Linear layer with W split along its output rows: `[..., in] -> [..., out / tp]`
+    (`[..., out]` with `gather_output=True`).
 
-    Used where the output feeds a per-shard computation (QKV projection, MLP up-projection).
+    Used where the output feeds a per-shard computation (QKV projection, MLP up-projection). The
+    input is replicated over the TP ranks; its gradient is summed over them.
     """
 
-    def __init__(self, input_size, output_size, bias=True, init_std=0.02, drawn_rows=None):
+    def __init__(self, input_size, output_size, bias=True, init_std=0.02, drawn_rows=None,
+                 gather_output=False):
         super().__init__(input_size, output_size, bias, init_std, partition_dim=0, drawn_rows=drawn_rows)
+        self.gather_output = gather_output and self.tp > 1
+        if self.tp > 1:
+            self.copy_to_region = CopyToTensorParallelRegion()
+            self.gather_from_region = GatherFromTensorParallelRegion()
+
+    def construct(self, x):
+        if self.tp > 1:
+            x = self.copy_to_region(x)
+        y = self.local_linear(x)
+        if self.bias is not None:
+            y = y + self.bias
+        return self.gather_from_region(y) if self.gather_output else y
 
 
 class RowParallelLinear(_ParallelLinear):
     """Linear layer with W split along its input columns: `[..., in / tp] -> [..., out]`.
 
-    Takes a ColumnParallelLinear's sharded output; partial products are summed over TP ranks
-    before the (replicated) bias is added.
+    Takes a ColumnParallelLinear's sharded output (`input_is_parallel=True`; otherwise the full
+    input is split here); partial products are summed over TP ranks before the (replicated) bias
+    is added.
     """
 
-    def __init__(self, input_size, output_size, bias=True, init_std=0.02):
+    def __init__(self, input_size, output_size, bias=True, init_std=0.02, input_is_parallel=True):
         super().__init__(input_size, output_size, bias, init_std, partition_dim=1)
+        self.scatter_input = not input_is_parallel and self.tp > 1
+        if self.tp > 1:
+            self.scatter_to_region = ScatterToTensorParallelRegion()
+            self.reduce_from_region = ReduceFromTensorParallelRegion()
+
+    def construct(self, x):
+        if self.scatter_input:
+            x = self.scatter_to_region(x)
+        y = self.local_linear(x)
+        if self.tp > 1:
+            y = self.reduce_from_region(y)
+        return y if self.bias is None else y + self.bias
 
 
 class ReplicatedLinear(_ParallelLinear):
@@ -85,11 +125,23 @@ class VocabParallelEmbedding(nn.Cell):
 
     def __init__(self, num_embeddings, embedding_dim, init_std=0.02, real_vocab_size=None):
         super().__init__()
-        tp = get_tensor_model_parallel_world_size()
+        self.tp = get_tensor_model_parallel_world_size()
         self.num_embeddings = num_embeddings
-        self.weight = _zeros((divide(num_embeddings, tp, "padded vocabulary"), embedding_dim), "weight")
+        rows = divide(num_embeddings, self.tp, "padded vocabulary")
+        self.vocab_start = get_tensor_model_parallel_rank() * rows     # this rank's rows [start, start + rows)
+        self.weight = _zeros((rows, embedding_dim), "weight", True)
         self.param_inits = {"weight": ParamInit(init_std, (num_embeddings, embedding_dim), 0,
                                                 real_vocab_size)}
+        if self.tp > 1:
+            self.reduce_from_region = ReduceFromTensorParallelRegion()
 
     def construct(self, ids):
-        return ops.gather(self.weight, ids, 0)
+        if self.tp == 1:
+            return ops.gather(self.weight, ids, 0)
+        # Ids of other ranks' rows look up row 0 and are zeroed; the sum over ranks then holds
+        # each id's row exactly once.
+        local = ids - self.vocab_start
+        mine = ops.logical_and(local >= 0, local < self.weight.shape[0])
+        rows = ops.gather(self.weight, ops.where(mine, local, 0), 0)
+        rows = rows * ops.expand_dims(mine, -1).astype(rows.dtype)
+        return self.reduce_from_region(rows)

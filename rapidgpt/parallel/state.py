@@ -55,15 +55,31 @@ class ParallelState:
 
 
 _STATE = ParallelState()
+# This rank's communication groups (rapidgpt.parallel.comm.Group, None for a group of one),
+# created once by the engine from the layout above.
+_GROUPS = {"tensor": None, "data": None, "pipeline": None}
 
 
-def initialize_parallel_state(state):
+def initialize_parallel_state(state, groups=None):
     global _STATE
     _STATE = state
+    _GROUPS.update(groups or {"tensor": None, "data": None, "pipeline": None})
 
 
 def get_parallel_state():
     return _STATE
+
+
+def get_tensor_model_parallel_group():
+    return _GROUPS["tensor"]
+
+
+def get_data_parallel_group():
+    return _GROUPS["data"]
+
+
+def get_pipeline_model_parallel_group():
+    return _GROUPS["pipeline"]
 
 
 def get_tensor_model_parallel_world_size():

@@ -17,6 +17,7 @@ traced (a dict of tensors `[micro_batch, ...]`) and is `next()` on a real iterat
 Code that cannot be compiled runs with `--no-jit` (PyNative, slower).
 """
 from rapidgpt.data.samplers import PretrainingSampler, micro_batches
+from rapidgpt.parallel.state import get_data_parallel_rank, get_data_parallel_world_size
 from rapidgpt.training.reporting import report_validation
 from rapidgpt.training.trainer import Trainer, hook, to_tensors
 
@@ -48,8 +49,8 @@ class Pretrainer(Trainer):
     def run_compute_metrics(self, model, eval_data_iterator):
         """Default evaluation: mean forward loss over --eval-iters global batches ("lm loss")."""
         n = self.args.eval_iters * self.args.num_micro_batches
-        losses = [self._eval_step(to_tensors(next(eval_data_iterator))) for _ in range(n)]
-        return {"lm loss": sum(losses) / max(len(losses), 1)}
+        losses = self.gather([self._eval_step(to_tensors(next(eval_data_iterator))) for _ in range(n)])
+        return {"lm loss": float(losses.mean()) if len(losses) else 0.0}
 
     def train_val_test_num_samples(self):
         """Samples each split must provide, as Megatron computes them."""
@@ -60,7 +61,8 @@ class Pretrainer(Trainer):
 
     def _iterator(self, dataset, consumed=0):
         args = self.args
-        sampler = PretrainingSampler(len(dataset), consumed, args.micro_batch_size)
+        sampler = PretrainingSampler(len(dataset), consumed, args.micro_batch_size,
+                                     get_data_parallel_rank(), get_data_parallel_world_size())
         return micro_batches(dataset, sampler, num_workers=args.num_workers)
 
     def train(self):

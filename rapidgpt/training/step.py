@@ -1,8 +1,10 @@
 """One optimizer step as ONE compiled MindSpore graph.
 
-    for each micro-batch i:   select the dropout masks of (iteration, i)
+    for each micro-batch i:   select the dropout masks of (iteration, i's place in the global batch)
                               loss_i, grads_i = value_and_grad(forward)(micro_batch_i)
-    grads = mean_i grads_i;   norm = ||grads||;   clip to --clip-grad
+    grads = mean_i grads_i, then the mean over data-parallel ranks (flat-buffer all-reduce)
+    norm = ||grads|| over the whole model (TP shards summed over the TP group, replicated
+           parameters counted once);   clip to --clip-grad
     if norm is finite:        optimizer(grads, lr)      (skipped steps are counted and logged)
 
 Everything above runs inside a single `mindspore.jit` graph. Measured on CPU (MINDSPORE_NOTES and
@@ -18,8 +20,13 @@ With `jit=False` the very same function runs eagerly (PyNative) for debugging.
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from rapidgpt.optim.clip_grads import clip_grads_by_global_norm
+from rapidgpt.optim.clip_grads import clip_grads_by_global_norm, global_grad_norm
+from rapidgpt.parallel import comm
+from rapidgpt.parallel.data_parallel import GradientAverager
 from rapidgpt.parallel.random import set_micro_batch_key
+from rapidgpt.parallel.state import (get_data_parallel_group, get_data_parallel_rank,
+                                     get_data_parallel_world_size, get_tensor_model_parallel_group,
+                                     get_tensor_model_parallel_rank)
 
 
 def loss_of(output):
@@ -48,6 +55,15 @@ class _StepCell(nn.Cell):
         self.grad_fn = ms.value_and_grad(self.forward_loss, None, ms.ParameterTuple(optimizer.parameters))
         self.num_micro_batches = num_micro_batches
         self.clip_grad = clip_grad
+        # Megatron's sampler gives DP rank r micro-batch j of the global batch's j*dp + r.
+        self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
+        self.average_over_dp = GradientAverager(optimizer.parameters, get_data_parallel_group())
+        self.dp_sum = comm.AllReduce(get_data_parallel_group())
+        # The norm counts a TP-sharded parameter's shards on every TP rank, a replicated one on
+        # TP rank 0 only; the partial sums of squares are added over the TP group.
+        first = get_tensor_model_parallel_rank() == 0
+        self.in_norm = tuple(first or getattr(p, "tensor_model_parallel", False) for p in optimizer.parameters)
+        self.tp_sum = comm.AllReduce(get_tensor_model_parallel_group())
 
     def forward_loss(self, micro_batch):
         return loss_of(self.forward(micro_batch))
@@ -56,14 +72,18 @@ class _StepCell(nn.Cell):
         n = self.num_micro_batches
         total, grads = None, None
         for i in range(n):          # unrolled: each micro-batch is its own subgraph
-            set_micro_batch_key(iteration, i)
+            set_micro_batch_key(iteration, i * self.dp_size + self.dp_rank)
             loss, micro_grads = self.grad_fn(select_micro_batch(stacked, i))
             total = loss if total is None else total + loss
             grads = micro_grads if grads is None else tuple(a + b for a, b in zip(grads, micro_grads))
         if n > 1:
             grads = tuple(g / n for g in grads)
             total = total / n
-        grads, norm = clip_grads_by_global_norm(grads, self.clip_grad)
+        if self.dp_size > 1:
+            grads = self.average_over_dp(grads)
+            total = self.dp_sum(total) / self.dp_size
+        norm = global_grad_norm(tuple(g for g, counted in zip(grads, self.in_norm) if counted), self.tp_sum)
+        grads, norm = clip_grads_by_global_norm(grads, self.clip_grad, norm)
         # A NaN/Inf gradient makes the norm non-finite (as does a norm beyond fp32, which
         # clipping would turn into a zero update): one scalar test instead of a pass over grads.
         finite = ops.isfinite(norm)

@@ -14,7 +14,9 @@ from mindspore import Tensor
 
 from rapidgpt.global_vars import get_args, get_logger
 from rapidgpt.optim import build_lr_scheduler, build_optimizer
+from rapidgpt.parallel.comm import AllGather
 from rapidgpt.parallel.random import initialize_parameters
+from rapidgpt.parallel.state import get_data_parallel_group
 from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_pretrained_weights,
                                              save_checkpoint, start_checkpoint)
 from rapidgpt.training.reporting import Reporter
@@ -53,6 +55,7 @@ class Trainer:
         self.engine = engine
         self.args = get_args()
         self.logger = get_logger()
+        self._gather = None
 
     def check_hooks(self):
         """Every hook must be overridden; the error names the missing ones with their signature."""
@@ -173,6 +176,15 @@ class Trainer:
         return EvalStep(forward, jit=self.args.jit)
 
     def gather(self, values):
-        """Metric values from every data-parallel rank, concatenated (one rank: the values)."""
-        return np.asarray(values)
+        """Metric values `[n, ...]` from every data-parallel rank, concatenated in DP-rank order
+        (each rank must pass the same shape); one rank: the values as an array."""
+        values = np.asarray(values)
+        group = get_data_parallel_group()
+        if group is None:
+            return values
+        if self._gather is None:
+            self._gather = AllGather(group, axis=0)
+        # As fp32, the dtype every backend can all-reduce (exact for ints below 2^24: labels,
+        # predictions, counts).
+        return self._gather(Tensor(values.astype(np.float32))).asnumpy().astype(values.dtype)
 

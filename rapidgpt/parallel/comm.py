@@ -1,0 +1,205 @@
+"""Every collective of RapidGPT lives here: process start-up, groups, and the collective cells.
+
+Backends differ in what they offer. Ascend (HCCL) and GPU (NCCL) have every collective natively;
+MindSpore's CPU backend (mccl) has AllReduce-SUM on any group and little else (no MAX, no
+ReduceScatter, no Send/Receive, AllGather and Broadcast on the world group only). So each op below
+uses the native primitive where the backend has it and otherwise an EXACT emulation on
+AllReduce-SUM, in which every other rank contributes zeros (x + 0 == x bit for bit):
+
+    all_gather(x)       place x in its slot of a zero buffer [n * d0, ...], AllReduce-SUM
+    broadcast(x, src)   src contributes x, the others zeros, AllReduce-SUM
+    reduce_scatter(x)   AllReduce-SUM, keep this rank's slice (same bytes moved twice: fine for
+                        the small CPU jobs it serves)
+    all_reduce MAX      all_gather, then max over the gathered copies (same result on every rank)
+    send_recv(x)        a 2-rank group: the sender contributes x, the receiver zeros
+
+The ops are `nn.Cell`s, built once per group, so they can be called inside `mindspore.jit` graphs
+and custom-bprop cells. Group of size 1: every op is the identity (or a plain slice).
+"""
+import os
+
+import mindspore as ms
+from mindspore import nn, ops
+
+_STATE = {"initialized": False, "native": False, "groups": {}}
+
+
+def launched_by_msrun():
+    """True in a process that msrun started (a worker or the scheduler)."""
+    return "MS_ROLE" in os.environ
+
+
+def launched_world_size():
+    """The job's number of processes as msrun announces it to its workers (1 outside msrun)."""
+    return int(os.environ.get("MS_WORKER_NUM", "1")) if launched_by_msrun() else 1
+
+
+def init_distributed(device):
+    """Join the job msrun started (`mindspore.communication.init()`), once; returns
+    `(rank, world_size)`, `(0, 1)` outside msrun. `device` ("cpu", "gpu", "ascend") decides
+    whether collectives are native or emulated."""
+    _STATE["native"] = device != "cpu"
+    if not launched_by_msrun():
+        return 0, 1
+    from mindspore.communication import get_group_size, get_rank, init
+    if not _STATE["initialized"]:
+        init()
+        _STATE["initialized"] = True
+    return get_rank(), get_group_size()
+
+
+def _world_group():
+    from mindspore.communication import GlobalComm
+    return GlobalComm.WORLD_COMM_GROUP
+
+
+def new_group(ranks):
+    """The communication group of `ranks` (global ranks, in group-rank order) for this process,
+    created on first use; every member must ask for it. None for a group of one."""
+    ranks = tuple(ranks)
+    if len(ranks) == 1:
+        return None
+    if ranks not in _STATE["groups"]:
+        from mindspore.communication import create_group, get_group_size
+        if len(ranks) == get_group_size() and ranks == tuple(range(len(ranks))):
+            name = _world_group()
+        else:
+            name = "rapidgpt_" + "_".join(map(str, ranks))
+            create_group(name, list(ranks))
+        _STATE["groups"][ranks] = Group(name, ranks)
+    return _STATE["groups"][ranks]
+
+
+class Group:
+    """A communication group: its backend name, its global ranks, and this process's place in it."""
+
+    def __init__(self, name, ranks):
+        from mindspore.communication import get_rank
+        self.name, self.ranks, self.size = name, tuple(ranks), len(ranks)
+        self.rank = self.ranks.index(get_rank())
+
+    def __repr__(self):
+        return f"Group({self.name}, ranks={list(self.ranks)})"
+
+
+def group_size(group):
+    return 1 if group is None else group.size
+
+
+def group_rank(group):
+    return 0 if group is None else group.rank
+
+
+# ---- the collectives ----------------------------------------------------------------------------
+
+class AllReduce(nn.Cell):
+    """`x` -> elementwise sum (op="sum") or max (op="max") of `x` over the group."""
+
+    def __init__(self, group, op="sum"):
+        super().__init__()
+        if op not in ("sum", "max"):
+            raise ValueError(f"all-reduce op must be 'sum' or 'max', got {op!r}")
+        self.size, self.op = group_size(group), op
+        if self.size > 1:
+            native = _STATE["native"] or op == "sum"
+            reduce_op = ops.ReduceOp.SUM if op == "sum" else ops.ReduceOp.MAX
+            self.reduce = ops.AllReduce(reduce_op, group.name) if native else None
+            self.gather = None if native else AllGather(group, axis=0)
+
+    def construct(self, x):
+        if self.size == 1:
+            return x
+        if self.reduce is not None:
+            return self.reduce(x)
+        gathered = self.gather(ops.expand_dims(x, 0))              # [n, *x.shape]
+        return gathered.max(axis=0)
+
+
+class AllGather(nn.Cell):
+    """`x` `[..., d, ...]` -> the group's `x`s concatenated along `axis` in group-rank order."""
+
+    def __init__(self, group, axis=0):
+        super().__init__()
+        self.size, self.axis = group_size(group), axis
+        if self.size > 1:
+            self.rank = group.rank
+            self.native = ops.AllGather(group.name) if _STATE["native"] else None
+            self.sum = ops.AllReduce(ops.ReduceOp.SUM, group.name)
+
+    def construct(self, x):
+        if self.size == 1:
+            return x
+        axis = self.axis % x.ndim
+        if self.native is not None:                                 # gathers along axis 0
+            if axis == 0:
+                return self.native(x)
+            moved = self.native(ops.moveaxis(x, axis, 0))
+            return ops.moveaxis(moved, 0, axis)
+        pieces = [x if r == self.rank else ops.zeros_like(x) for r in range(self.size)]
+        return self.sum(ops.cat(pieces, axis))
+
+
+class ReduceScatter(nn.Cell):
+    """`x` `[..., n*d, ...]` -> this rank's `d`-slice along `axis` of the group's elementwise sum."""
+
+    def __init__(self, group, axis=0):
+        super().__init__()
+        self.size, self.axis = group_size(group), axis
+        if self.size > 1:
+            self.rank = group.rank
+            native = _STATE["native"]
+            self.native = ops.ReduceScatter(ops.ReduceOp.SUM, group.name) if native else None
+            self.sum = None if native else ops.AllReduce(ops.ReduceOp.SUM, group.name)
+
+    def construct(self, x):
+        if self.size == 1:
+            return x
+        axis = self.axis % x.ndim
+        if self.native is not None:                                 # scatters along axis 0
+            if axis == 0:
+                return self.native(x)
+            return ops.moveaxis(self.native(ops.moveaxis(x, axis, 0)), 0, axis)
+        return ops.chunk(self.sum(x), self.size, axis)[self.rank]
+
+
+class Broadcast(nn.Cell):
+    """`x` on group rank `src` -> every rank (the others' `x` give only shape and dtype)."""
+
+    def __init__(self, group, src=0):
+        super().__init__()
+        self.size = group_size(group)
+        if self.size > 1:
+            self.is_src = group.rank == src
+            self.native = ops.Broadcast(group.ranks[src], group.name) if _STATE["native"] else None
+            self.sum = ops.AllReduce(ops.ReduceOp.SUM, group.name)
+
+    def construct(self, x):
+        if self.size == 1:
+            return x
+        if self.native is not None:
+            return self.native((x,))[0]
+        return self.sum(x if self.is_src else ops.zeros_like(x))
+
+
+class SendRecv(nn.Cell):
+    """Point-to-point: group rank `src` sends `x`, group rank `dst` returns it (a rank that is
+    neither returns zeros). `x` on the receiver gives only shape and dtype. The pipeline schedule
+    uses one 2-rank group per neighbouring pair of stages."""
+
+    def __init__(self, group, src, dst):
+        super().__init__()
+        if group_size(group) < 2 or src == dst:
+            raise ValueError("send/recv needs a group of two or more ranks and src != dst")
+        self.is_src = group.rank == src
+        self.sum = ops.AllReduce(ops.ReduceOp.SUM, group.name)
+
+    def construct(self, x):
+        return self.sum(x if self.is_src else ops.zeros_like(x))
+
+
+def barrier(group=None):
+    """Wait until every rank of `group` (default: the world) gets here."""
+    if not _STATE["initialized"]:
+        return
+    name = _world_group() if group is None else group.name
+    ops.AllReduce(ops.ReduceOp.SUM, name)(ms.Tensor([1.0], ms.float32)).asnumpy()

@@ -1,0 +1,64 @@
+"""Megatron's four tensor-parallel region boundaries, as differentiable cells (custom bprop).
+
+Each is the identity at tensor-parallel size 1. `x` is `[..., d]`; "split" and "gather" act on
+the last dimension, which is where a ColumnParallelLinear's output is sharded.
+
+    cell                          forward                     backward
+    CopyToTensorParallelRegion    identity                    all-reduce (sum) over TP
+    ReduceFromTensorParallelRegion all-reduce (sum) over TP   identity
+    ScatterToTensorParallelRegion keep this rank's d/tp slice all-gather along d
+    GatherFromTensorParallelRegion all-gather along d         keep this rank's slice
+
+Why the pairs: a ColumnParallelLinear consumes a replicated input, so each rank's input gradient
+is only its shard's contribution and they must be summed (copy's backward); a RowParallelLinear
+produces partial sums that must be summed in the forward (reduce's forward), after which the
+gradient is already replicated.
+"""
+from mindspore import nn, ops
+
+from rapidgpt.parallel import comm
+from rapidgpt.parallel.state import get_tensor_model_parallel_group
+
+
+class _TensorParallelRegion(nn.Cell):
+    def __init__(self, group=None):
+        super().__init__()
+        group = get_tensor_model_parallel_group() if group is None else group
+        self.size, self.rank = comm.group_size(group), comm.group_rank(group)
+        self.all_reduce = comm.AllReduce(group)
+        self.all_gather = comm.AllGather(group, axis=-1)
+
+    def split(self, x):
+        return ops.chunk(x, self.size, -1)[self.rank] if self.size > 1 else x
+
+
+class CopyToTensorParallelRegion(_TensorParallelRegion):
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        return (self.all_reduce(dout),)
+
+
+class ReduceFromTensorParallelRegion(_TensorParallelRegion):
+    def construct(self, x):
+        return self.all_reduce(x)
+
+    def bprop(self, x, out, dout):
+        return (dout,)
+
+
+class ScatterToTensorParallelRegion(_TensorParallelRegion):
+    def construct(self, x):
+        return self.split(x)
+
+    def bprop(self, x, out, dout):
+        return (self.all_gather(dout),)
+
+
+class GatherFromTensorParallelRegion(_TensorParallelRegion):
+    def construct(self, x):
+        return self.all_gather(x)
+
+    def bprop(self, x, out, dout):
+        return (self.split(dout),)

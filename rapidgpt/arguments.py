@@ -254,6 +254,8 @@ def apply_checkpoint_args(args, given):
     from rapidgpt.training.checkpointing import (ARCHITECTURE_ARGS, CheckpointError, find_checkpoint,
                                                  read_metadata, start_checkpoint)
     source, directory = start_checkpoint(args)
+    if source is None:
+        return                                  # --load holds no checkpoint yet: a fresh start
     try:
         saved = read_metadata(find_checkpoint(directory, flag=source))["model"]
     except CheckpointError as e:

@@ -88,9 +88,13 @@ def test_partial_latest_falls_back_with_a_warning(tmp_path, capsys):
     assert "loaded checkpoint from" in out and " iteration        3/" in out
 
 
-def test_no_checkpoint_is_a_clear_error(tmp_path):
+def test_empty_load_starts_from_scratch_but_skip_train_needs_a_checkpoint(tmp_path, capsys):
+    """Megatron's `--save DIR --load DIR` idiom: the first run of a job finds nothing to resume."""
+    save = str(tmp_path / "ckpt")
+    lines, out = run(capsys, "--train-iters", "2", "--load", save, "--save", save)
+    assert f"no checkpoint under --load {save}: starting from scratch" in out and sorted(lines) == [1, 2]
     with pytest.raises(SystemExit):
-        pretrain_main(TINY + ["--train-iters", "2", "--load", str(tmp_path / "empty")])
+        pretrain_main(TINY + ["--train-iters", "2", "--load", str(tmp_path / "empty"), "--skip-train"])
 
 
 def test_changed_schedule_needs_the_override_flag(tmp_path):

@@ -21,6 +21,7 @@ TINY = ["--task", "pretraining", "--num-layers", "2", "--hidden-size", "32", "--
         "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--no-progress-bar", "--max-new-tokens", "0",
         "--train-iters", "12", "--seed", "3", "--make-vocab-size-divisible-by", "96"]
 VALUES = re.compile(r"(lm loss(?: value)?|grad norm): ([\d.E+-]+)")
+ACCURACY = re.compile(r"validation at epoch \d+ \(iteration \d+\) \| accuracy: ([0-9.]+)")
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,13 @@ def values(text):
     return [(name, float(v)) for name, v in VALUES.findall(text)]
 
 
+def assert_same_run(found, reference):
+    assert [name for name, _ in found] == [name for name, _ in reference]
+    for (name, ours), (_, expected) in zip(found, reference):
+        printed = 1.5e-3 if name == "grad norm" else 0.0    # the log prints 3 decimals: rounding
+        assert ours == pytest.approx(expected, rel=1e-5, abs=printed), (name, ours, expected)
+
+
 @pytest.fixture(scope="module")
 def single_process(env):
     out = subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + TINY, env=env, cwd=REPO, capture_output=True,
@@ -62,7 +70,25 @@ def test_collectives_on_subgroups_match_numpy(env, tmp_path):
 def test_parallel_run_reproduces_the_single_process_run(env, tmp_path, single_process, nproc, tp):
     status, log = msrun(nproc, ["rapidgpt/cli.py"] + TINY + ["--tensor-model-parallel-size", str(tp)], tmp_path, env)
     assert status == 0, log[-3000:]
-    found = values(log)
-    assert [name for name, _ in found] == [name for name, _ in single_process]
-    for (name, ours), (_, reference) in zip(found, single_process):
-        assert ours == pytest.approx(reference, rel=1e-5), (name, ours, reference)
+    assert_same_run(values(log), single_process)
+
+
+def test_finetuner_user_script_on_tp2_x_dp2_reproduces_the_single_process_run(env, tmp_path):
+    code = ("from rapidgpt.data.demo_corpus import demo_corpus; p = demo_corpus(); "
+            "print(p['vocab_file']); print(p['merge_file'])")
+    vocab, merges = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                   check=True).stdout.split()[-2:]
+    finetune = ["--user-script", "user_scripts/finetune_classification.py", "--num-layers", "2", "--hidden-size",
+                "32", "--num-attention-heads", "4", "--seq-length", "32", "--no-progress-bar", "--tokenizer-type",
+                "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--num-classes", "3",
+                "--train-size", "96", "--valid-size", "40", "--micro-batch-size", "8", "--global-batch-size", "16",
+                "--epochs", "2", "--lr", "2e-3", "--log-interval", "1", "--hidden-dropout", "0.1",
+                "--attention-dropout", "0.1"]
+    single = subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + finetune, env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-2000:]
+    reference = values(single.stdout) + [("accuracy", float(a)) for a in ACCURACY.findall(single.stdout)]
+    assert len(reference) == 2 * 12 + 2
+    status, log = msrun(4, ["rapidgpt/cli.py"] + finetune + ["--tensor-model-parallel-size", "2"], tmp_path, env)
+    assert status == 0, log[-3000:]
+    assert_same_run(values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)], reference)

@@ -12,7 +12,7 @@ from rapidgpt.models.generation import generate
 from rapidgpt.models.gpt import build_gpt_model
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.tasks.pretraining import vocab_size
-from rapidgpt.training.checkpointing import CheckpointError, load_checkpoint
+from rapidgpt.training.checkpointing import CheckpointError, find_checkpoint, load_checkpoint
 
 
 def read_prompts(args):
@@ -27,6 +27,7 @@ def main(argv=None):
     if not args.load or not (args.prompt or args.prompts_file):
         raise CheckpointError("text generation needs --load DIR (a RapidGPT checkpoint) and "
                               "--prompt TEXT or --prompts-file FILE")
+    find_checkpoint(args.load)                  # no checkpoint there: say so before anything else
     RapidGPTEngine(args=args)
     tokenizer = get_tokenizer()
     if tokenizer is None:

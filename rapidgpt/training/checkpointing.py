@@ -264,10 +264,11 @@ def has_checkpoint(directory):
 
 def start_checkpoint(args):
     """`(flag, directory)` of the checkpoint this run starts from, as Megatron decides it: --load
-    when it holds a checkpoint (resume), else --pretrained-checkpoint (weights only), else --load
-    (which then fails, saying no checkpoint is there); `(None, None)` without either flag."""
+    when it holds a checkpoint (resume), else --pretrained-checkpoint (weights only), else none:
+    `(None, None)`, a fresh start (so `--save DIR --load DIR` both starts and resumes a job).
+    --skip-train has nothing to evaluate without one: --load then fails, saying none is there."""
     pretrained = getattr(args, "pretrained_checkpoint", None)
-    if args.load and (has_checkpoint(args.load) or not pretrained):
+    if args.load and (has_checkpoint(args.load) or (args.skip_train and not pretrained)):
         return "--load", args.load
     if pretrained:
         return "--pretrained-checkpoint", pretrained

@@ -25,19 +25,22 @@ iteration}}. A resumed run competes with the best its earlier part kept.
 import os
 
 from rapidgpt.data.samplers import EpochSampler, SequentialSampler, micro_batches
+from rapidgpt.parallel.state import get_data_parallel_rank, get_data_parallel_world_size
 from rapidgpt.training.checkpointing import BEST, best_record, save_checkpoint
 from rapidgpt.training.reporting import report_metrics
 from rapidgpt.training.trainer import Trainer, hook, to_tensors
 
 
 class EvalDataLoader:
-    """Re-iterable batches of tensors over an evaluation dataset (each sample once, in order)."""
+    """Re-iterable batches of tensors over an evaluation dataset: each sample once, in order, on
+    one data-parallel rank (rank r takes the r-th micro-batch of each group of DP micro-batches)."""
 
     def __init__(self, dataset, micro_batch_size, collate_fn):
         self.dataset, self.micro_batch_size, self.collate_fn = dataset, micro_batch_size, collate_fn
 
     def __iter__(self):
-        sampler = SequentialSampler(len(self.dataset), self.micro_batch_size)
+        sampler = SequentialSampler(len(self.dataset), self.micro_batch_size, get_data_parallel_rank(),
+                                    get_data_parallel_world_size())
         return map(to_tensors, micro_batches(self.dataset, sampler, self.collate_fn))
 
     def __len__(self):
@@ -79,7 +82,8 @@ class Finetuner(Trainer):
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, scheduler
         iteration, consumed = self.load_checkpoint_if_asked()
         self.best = best_record(args.save) if args.save and iteration else None
-        sampler = EpochSampler(len(train_ds), consumed, args.micro_batch_size, seed=args.seed)
+        sampler = EpochSampler(len(train_ds), consumed, args.micro_batch_size, get_data_parallel_rank(),
+                               get_data_parallel_world_size(), seed=args.seed)
         batches = micro_batches(train_ds, sampler, collate_fn, args.num_workers)
         eval_loader = EvalDataLoader(valid_ds, args.micro_batch_size, collate_fn) if valid_ds is not None else None
         self.history = []

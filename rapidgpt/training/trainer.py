@@ -94,6 +94,9 @@ class Trainer:
         weights of --pretrained-checkpoint (parameters it lacks keep their fresh initialisation).
         Returns (iteration, consumed samples) to continue from."""
         flag, _ = start_checkpoint(self.args)
+        if flag is None and self.args.load:
+            self.logger.warning(f"WARNING: no checkpoint under --load {self.args.load}: starting from "
+                                f"scratch (iteration 0)")
         if flag == "--pretrained-checkpoint":
             if self.args.load:
                 self.logger.info(f" no checkpoint under --load {self.args.load} yet: starting from "
@@ -177,7 +180,7 @@ class Trainer:
 
     def gather(self, values):
         """Metric values `[n, ...]` from every data-parallel rank, concatenated in DP-rank order
-        (each rank must pass the same shape); one rank: the values as an array."""
+        (n may differ between ranks: the last evaluation batch can be short or missing)."""
         values = np.asarray(values)
         group = get_data_parallel_group()
         if group is None:
@@ -185,6 +188,10 @@ class Trainer:
         if self._gather is None:
             self._gather = AllGather(group, axis=0)
         # As fp32, the dtype every backend can all-reduce (exact for ints below 2^24: labels,
-        # predictions, counts).
-        return self._gather(Tensor(values.astype(np.float32))).asnumpy().astype(values.dtype)
+        # predictions, counts); padded to the longest rank's n, then trimmed.
+        counts = self._gather(Tensor(np.array([len(values)], np.float32))).asnumpy().astype(int)
+        padded = np.zeros((counts.max(),) + values.shape[1:], np.float32)
+        padded[:len(values)] = values
+        gathered = self._gather(Tensor(padded)).asnumpy().reshape((len(counts), counts.max()) + values.shape[1:])
+        return np.concatenate([g[:n] for g, n in zip(gathered, counts)]).astype(values.dtype)
 

@@ -13,7 +13,7 @@ import os
 import sys
 
 from rapidgpt.data.gpt_dataset import parse_split
-from rapidgpt.parallel.comm import launched_world_size
+from rapidgpt.parallel.comm import launched_by_msrun, launched_world_size
 
 TASKS = ("pretraining", "text_generation", "sequence_classification")
 DEVICES = ("cpu", "gpu", "ascend")
@@ -118,12 +118,10 @@ def _data_args(parser):
 # Flags whose feature arrives in a later release. They parse (so a Megatron launch script reads
 # without surprises) and any non-default value is refused with this explanation.
 NOT_YET = {
-    "this build runs on one process; tensor/pipeline/data parallelism and the launcher arrive "
-    "with the distributed release": [
+    "this build has tensor and data parallelism; pipeline and sequence parallelism arrive in a "
+    "later release": [
         ("--pipeline-model-parallel-size", 1),
-        ("--num-layers-per-virtual-pipeline-stage", None), ("--sequence-parallel", False),
-        ("--nproc-per-node", None), ("--nnodes", None), ("--node-rank", None),
-        ("--master-addr", None), ("--master-port", None)],
+        ("--num-layers-per-virtual-pipeline-stage", None), ("--sequence-parallel", False)],
     "ZeRO optimizer sharding arrives with the ZeRO release": [
         ("--use-distributed-optimizer", False), ("--zero-1-memory-optimization", False),
         ("--zero-2-memory-optimization", False), ("--zero-3-memory-optimization", False)],
@@ -142,6 +140,28 @@ def _parallel_args(parser):
     g.add_argument("--tensor-model-parallel-size", type=int, default=1,
                    help="split every layer's matrices over this many ranks (Megatron TP); the data-"
                         "parallel size is the number of processes / (TP x PP)")
+
+
+def _launcher_args(parser):
+    g = parser.add_argument_group(
+        "launching several processes",
+        "With more than one process, rapidgpt starts them itself through MindSpore's msrun (each "
+        "runs this same command line), shows rank 0's output, keeps every rank's log under "
+        "--log-dir, and stops the job when a rank fails. Defaults come from the variables "
+        "Megatron/Rapidformer launch scripts export; torchrun's spellings (--nproc_per_node, ...) "
+        "are accepted")
+    g.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
+                   help="processes (ranks) on this node, one per device")
+    g.add_argument("--nnodes", type=int, default=os.environ.get("NNODES", "1"),
+                   help="number of nodes (default: $NNODES, else 1); the world size is "
+                        "nproc-per-node x nnodes")
+    g.add_argument("--node-rank", "--node_rank", type=int, default=os.environ.get("NODE_RANK", "0"),
+                   help="this node's index, 0 .. nnodes-1 (default: $NODE_RANK, else 0)")
+    g.add_argument("--master-addr", "--master_addr", default=os.environ.get("MASTER_ADDR"),
+                   help="address of node 0, where msrun's scheduler runs (default: $MASTER_ADDR; "
+                        "on one node 127.0.0.1)")
+    g.add_argument("--master-port", "--master_port", type=int, default=os.environ.get("MASTER_PORT"),
+                   help="the scheduler's port on node 0 (default: $MASTER_PORT; on one node a free port)")
 
 
 def _reserved_args(parser):
@@ -192,7 +212,10 @@ def _logging_args(parser):
     g.add_argument("--eval-iters", type=int, default=10)
     g.add_argument("--tensorboard-dir", default=None)
     g.add_argument("--tensorboard-log-interval", type=int, default=1)
-    g.add_argument("--log-dir", default=None, help="also write the log to LOG_DIR/rank_0.log")
+    g.add_argument("--log-dir", default=None,
+                   help="also write each rank's log lines to LOG_DIR/rank_N.log. With several processes "
+                        "LOG_DIR also keeps msrun's worker_N.log (everything rank N printed), "
+                        "scheduler.log and msrun_nodeR.log; default then: ./rapidgpt_logs/DATE-TIME")
     g.add_argument("--no-progress-bar", action="store_true", help="no tqdm bar (e.g. in CI logs)")
 
 
@@ -220,22 +243,31 @@ def build_parser(extra_args_provider=None):
         prog="rapidgpt", allow_abbrev=False,
         description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's names.")
     for add in (_model_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
-                _logging_args, _engine_args, _parallel_args, _reserved_args):
+                _logging_args, _engine_args, _parallel_args, _launcher_args, _reserved_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
     return parser
 
 
-def parse_args(extra_args_provider=None, argv=None):
-    """Parse and validate; a bad value exits with status 2 and one message naming the flag."""
+def parse_args(extra_args_provider=None, argv=None, launcher=False):
+    """Parse and validate; a bad value exits with status 2 and one message naming the flag.
+
+    The world size validated against is the job's in a process msrun started, else the one the
+    flags ask for (--nproc-per-node x --nnodes). `launcher`: this is the `rapidgpt` process about
+    to start that many ranks; a user script's own flags are not known to it yet and pass."""
     parser = build_parser(extra_args_provider)
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    args = parser.parse_known_args(argv)[0] if launcher else parser.parse_args(argv)
     try:
         if args.load or args.pretrained_checkpoint:
             apply_checkpoint_args(args, given_flags(parser, argv))
-        validate_args(args, world_size=launched_world_size())
+        requested = args.nproc_per_node * args.nnodes
+        validate_args(args, world_size=launched_world_size() if launched_by_msrun() else requested)
+        _require(launcher or launched_by_msrun() or requested == 1,
+                 f"--nproc-per-node {args.nproc_per_node} x --nnodes {args.nnodes} processes are started "
+                 f"by the rapidgpt command (rapidgpt --user-script FILE ...), which launches them with "
+                 f"msrun; this process runs alone")
     except ArgumentError as e:
         parser.error(str(e))
     return args
@@ -301,6 +333,18 @@ def validate_args(args, world_size=1):
     for flag in ("hidden_dropout", "attention_dropout"):
         _require(0.0 <= getattr(args, flag) < 1.0, f"--{flag.replace('_', '-')} must be in [0, 1)")
     _require(args.make_vocab_size_divisible_by >= 1, "--make-vocab-size-divisible-by must be >= 1")
+
+    # Processes: nproc-per-node x nnodes (launched by rapidgpt through msrun).
+    _require(args.nproc_per_node >= 1, f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
+    _require(args.nnodes >= 1, f"--nnodes (or NNODES) must be >= 1, got {args.nnodes}")
+    _require(0 <= args.node_rank < args.nnodes,
+             f"--node-rank (or NODE_RANK) {args.node_rank} is out of range for --nnodes {args.nnodes}: "
+             f"give each node its index 0 .. {args.nnodes - 1}")
+    _require(args.nnodes == 1 or (args.master_addr and args.master_port),
+             f"--nnodes {args.nnodes}: every node needs node 0's address and a port (the same on all "
+             f"nodes); give --master-addr and --master-port (or MASTER_ADDR and MASTER_PORT)")
+    _require(args.master_port is None or 1024 <= args.master_port <= 65535,
+             f"--master-port (or MASTER_PORT) {args.master_port} must be in 1024 .. 65535")
 
     # Parallel layout: world = TP x PP x DP, DP derived.
     args.world_size = world_size

@@ -21,6 +21,7 @@ setup(
         "regex",            # GPT-2's pre-tokenization pattern needs \p{L}/\p{N}
         "tqdm",
         "tensorboardX",
+        "psutil",           # the launcher finds msrun's workers and stops the job (also a MindSpore dependency)
     ],
     extras_require={
         # `tokenizers` is only a test oracle: HF's Rust byte-level BPE checks ours token for token.

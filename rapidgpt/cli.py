@@ -1,5 +1,9 @@
 """The `rapidgpt` console script: `--task NAME` runs a black-box task, `--user-script FILE` runs
-your trainer file with all the flags (it builds its RapidGPTEngine, which parses them)."""
+your trainer file with all the flags (it builds its RapidGPTEngine, which parses them).
+
+With --nproc-per-node x --nnodes > 1 it starts that many ranks through msrun instead
+(rapidgpt/launcher.py), each running this same command line: in those processes msrun's
+environment says the role, and the scheduler only serves the job while a worker joins it first."""
 import argparse
 import importlib
 import os
@@ -37,13 +41,36 @@ def main(argv=None):
         if known.task not in TASKS:
             print(f"rapidgpt: error: --task {known.task}: choose one of {', '.join(TASKS)}", file=sys.stderr)
             return 2
-        task = importlib.import_module(f"rapidgpt.tasks.{known.task}")
-        return _reported(task.main, argv)
+        return _run_or_launch(argv, lambda: importlib.import_module(f"rapidgpt.tasks.{known.task}").main(argv))
     if not os.path.isfile(known.user_script):
         print(f"rapidgpt: error: --user-script {known.user_script}: no such file", file=sys.stderr)
         return 2
     sys.argv = [known.user_script] + argv
-    return _reported(runpy.run_path, known.user_script, run_name="__main__")
+    return _run_or_launch(argv, lambda: runpy.run_path(known.user_script, run_name="__main__"))
+
+
+def _run_or_launch(argv, run):
+    """`run()` here, or start the ranks when the flags ask for several processes. In a process msrun
+    started: the scheduler only serves the job (and ends there); a worker sets its device and joins
+    the job before `run` does anything (MindSpore wants both before the first tensor; the engine
+    then finds them done)."""
+    from rapidgpt.parallel import comm
+    if comm.is_msrun_scheduler():
+        comm.serve_as_scheduler()
+        return 0
+    from rapidgpt.arguments import build_parser
+    flags = build_parser().parse_known_args(argv)[0]            # validated by the engine, or by launch()
+    if comm.launched_by_msrun():
+        import mindspore as ms
+
+        from rapidgpt.engine import MINDSPORE_DEVICE, select_device
+        device = select_device(flags.device)
+        ms.set_device(MINDSPORE_DEVICE[device])
+        comm.init_distributed(device)
+    elif flags.nproc_per_node * flags.nnodes != 1:
+        from rapidgpt.launcher import launch
+        return launch(argv)
+    return _reported(run)
 
 
 def _reported(run, *args, **kwargs):

@@ -55,7 +55,8 @@ class RapidGPTEngine:
         self.args = args if args is not None else parse_args(extra_args_provider, argv)
         args = self.args
         self.device = select_device(args.device)
-        ms.set_device(MINDSPORE_DEVICE[self.device])
+        if not comm.initialized():          # the rapidgpt CLI sets it before joining msrun's job
+            ms.set_device(MINDSPORE_DEVICE[self.device])
         ms.set_context(mode=ms.PYNATIVE_MODE)
         if self.device == "cpu" and not _THREADS_SET:
             # MindSpore's CPU kernels use this many threads (OMP_NUM_THREADS has no effect).

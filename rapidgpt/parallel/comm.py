@@ -29,6 +29,23 @@ def launched_by_msrun():
     return "MS_ROLE" in os.environ
 
 
+def is_msrun_scheduler():
+    """True in the scheduler process msrun starts beside the workers, with the same command line."""
+    return os.environ.get("MS_ROLE") == "MS_SCHED"
+
+
+def serve_as_scheduler():
+    """All the scheduler does: `init()` in that role registers the workers, serves them until every
+    one has left, then ends the process (it does not return; it raises if the cluster fails)."""
+    from mindspore.communication import init
+    init()
+
+
+def initialized():
+    """Whether this process has joined msrun's job (its device is then set for good)."""
+    return _STATE["initialized"]
+
+
 def launched_world_size():
     """The job's number of processes as msrun announces it to its workers (1 outside msrun)."""
     return int(os.environ.get("MS_WORKER_NUM", "1")) if launched_by_msrun() else 1

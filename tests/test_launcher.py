@@ -1,0 +1,118 @@
+"""`rapidgpt --nproc-per-node 2 ...` starts the ranks through msrun and watches them (rapidgpt/launcher.py).
+
+A tiny user script stands in for training (each msrun job costs ~15 s here): rank 0's output
+reaches the terminal and rank 1's does not, both logs are kept; a rank that raises or is killed is
+named with the end of its traceback within seconds and nothing of the job survives; Ctrl-C/SIGTERM
+stops everything; bad numbers are refused before anything starts.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rapidgpt.cli import main
+
+SCRIPT = """\
+import os, signal, sys, time
+rank = int(os.environ["RANK_ID"])
+print(f"hello from rank {rank} of {os.environ['MS_WORKER_NUM']}", flush=True)
+fail = sys.argv[sys.argv.index("--fail") + 1] if "--fail" in sys.argv else "no"   # the script's own flag
+if rank == 1 and fail in ("raise", "kill"):
+    time.sleep(1)
+    with open("failed_at", "w") as f:
+        f.write(repr(time.time()))
+    if fail == "raise":
+        raise ValueError("rank 1 cannot go on")
+    os.kill(os.getpid(), signal.SIGKILL)
+if fail != "no":
+    time.sleep(300)                   # as a rank blocked in a collective whose peer is gone
+"""
+LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK")
+
+
+@pytest.fixture
+def job(tmp_path):
+    """(command, env) running the test script on 2 ranks from tmp_path."""
+    (tmp_path / "s.py").write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return [sys.executable, "-m", "rapidgpt.cli", "--user-script", "s.py", "--nproc-per-node", "2"], env
+
+
+def survivors(tmp_path):
+    """Processes still running the test script (msrun, its scheduler, workers)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+        if p.info["status"] != psutil.STATUS_ZOMBIE and p.info["cwd"] == str(tmp_path) \
+                and "s.py" in (p.info["cmdline"] or []):
+            found.append(p.info["cmdline"])
+    return found
+
+
+def test_rank_0_is_shown_every_rank_is_logged(job, tmp_path):
+    command, env = job
+    out = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "hello from rank 0 of 2" in out.stdout
+    assert "rank 1" not in out.stdout and "WARNING" not in out.stdout
+    (log_dir,) = (tmp_path / "rapidgpt_logs").iterdir()              # the default --log-dir
+    assert "hello from rank 1 of 2" in (log_dir / "worker_1.log").read_text()
+    logs = {p.name for p in log_dir.iterdir()}
+    assert {"worker_0.log", "worker_1.log", "scheduler.log", "msrun_node0.log"} <= logs
+
+
+@pytest.mark.parametrize("fail,reported,last_line", [
+    ("raise", "rank 1 failed (exit code 1)", "ValueError: rank 1 cannot go on"),
+    ("kill", "rank 1 failed (killed by signal SIGKILL)", "hello from rank 1 of 2"),
+])
+def test_a_failed_rank_is_named_and_the_job_stopped(job, tmp_path, fail, reported, last_line):
+    command, env = job
+    out = subprocess.run(command + ["--log-dir", "logs", "--fail", fail], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=240, check=False)
+    ended = time.time()
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert ended - float((tmp_path / "failed_at").read_text()) < 8       # not msrun's ~30 s time-out
+    assert f"rapidgpt: {reported}; stopped the other ranks" in out.stderr
+    assert out.stderr.rstrip().endswith(last_line), out.stderr[-2000:]
+    assert "rank 1" not in out.stdout
+    assert survivors(tmp_path) == []
+
+
+def test_sigterm_stops_every_rank(job, tmp_path):
+    command, env = job
+    proc = subprocess.Popen(command + ["--fail", "wait"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "hello from rank 0 of 2\n"            # live, while the job runs
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "rapidgpt: SIGTERM: stopped every rank" in err
+    assert survivors(tmp_path) == []
+
+
+@pytest.mark.parametrize("flags,environment,message", [
+    (["--nproc-per-node", "3", "--tensor-model-parallel-size", "2"], {},
+     "3 processes cannot be split into --tensor-model-parallel-size 2"),
+    (["--nproc-per-node", "2", "--nnodes", "2"], {}, "--nnodes 2: every node needs node 0's address"),
+    (["--nproc-per-node", "2"], {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
+     "--node-rank (or NODE_RANK) 2 is out of range for --nnodes 2"),
+    (["--nproc_per_node", "0"], {}, "--nproc-per-node must be >= 1"),
+], ids=["tp", "master", "node-rank", "nproc"])
+def test_bad_numbers_are_refused_before_anything_starts(tmp_path, monkeypatch, capsys, flags, environment,
+                                                        message):
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text(SCRIPT)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--user-script", "s.py", *flags])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"rapidgpt: error: {message}")
+    assert not (tmp_path / "rapidgpt_logs").exists()

@@ -348,6 +348,11 @@ def validate_args(args, world_size=1):
 
     # Parallel layout: world = TP x PP x DP, DP derived.
     args.world_size = world_size
+    # Each rank would write its own copy of the iteration folder: refuse rather than race.
+    _require(world_size == 1 or not (args.save or args.load or args.pretrained_checkpoint),
+             f"--save/--load/--pretrained-checkpoint with {world_size} processes: not supported by this "
+             f"build yet (per-TP-rank checkpoints and TP resharding arrive next); save and load in "
+             f"single-process runs")
     args.pipeline_model_parallel_size = args.pipeline_model_parallel_size or 1
     tp = args.tensor_model_parallel_size
     _require(tp >= 1, f"--tensor-model-parallel-size must be >= 1, got {tp}")

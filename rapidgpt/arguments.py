@@ -227,7 +227,7 @@ def _engine_args(parser):
     g.add_argument("--no-jit", dest="jit", action="store_false",
                    help="run the step eagerly (PyNative) instead of compiling it: 2-3x slower, "
                         "but any Python works inside run_forward_step")
-    g.add_argument("--cpu-threads", type=int, default=None, help="MindSpore CPU threads (default: cores)")
+    g.add_argument("--cpu-threads", type=int, default=None, help="MindSpore CPU threads per process (default: this node's cores divided by its processes)")
     g.add_argument("--prompt", default=None, help="text to continue (text_generation; after pretraining)")
     g.add_argument("--prompts-file", default=None, help="text_generation: one prompt per line")
     g.add_argument("--max-new-tokens", type=int, default=48)
@@ -348,11 +348,6 @@ def validate_args(args, world_size=1):
 
     # Parallel layout: world = TP x PP x DP, DP derived.
     args.world_size = world_size
-    # Each rank would write its own copy of the iteration folder: refuse rather than race.
-    _require(world_size == 1 or not (args.save or args.load or args.pretrained_checkpoint),
-             f"--save/--load/--pretrained-checkpoint with {world_size} processes: not supported by this "
-             f"build yet (per-TP-rank checkpoints and TP resharding arrive next); save and load in "
-             f"single-process runs")
     args.pipeline_model_parallel_size = args.pipeline_model_parallel_size or 1
     tp = args.tensor_model_parallel_size
     _require(tp >= 1, f"--tensor-model-parallel-size must be >= 1, got {tp}")

@@ -170,7 +170,7 @@ def test_pretrained_weights_load_under_a_prefix_and_report_new_and_unused(tmp_pa
     assert report.unused == ["lm_head.bias", "lm_head.weight"]
     np.testing.assert_array_equal(model.backbone.body.weight.asnumpy(), pretrained.body.weight.asnumpy())
     np.testing.assert_array_equal(model.head.weight.asnumpy(), head_before)
-    with pytest.raises(CheckpointError, match=r"backbone.body.weight has shape \(4, 3\), the model has \(4, 5\)"):
+    with pytest.raises(CheckpointError, match=r": body.weight has shape \(4, 3\), the model's backbone.body.weight has \(4, 5\)"):
         load_pretrained_weights(args.save, Classifier(body_in=5))
     with pytest.raises(CheckpointError, match=r"--pretrained-checkpoint .*: no complete checkpoint found"):
         load_pretrained_weights(str(tmp_path / "empty"), model)

@@ -106,7 +106,6 @@ def test_parallel_state_rank_order_is_megatrons():
     (4, ["--tensor-model-parallel-size", "2", "--ffn-hidden-size", "33"],
      "--ffn-hidden-size 33 is not divisible by --tensor-model-parallel-size 2"),
     (6, ["--tensor-model-parallel-size", "4"], "6 processes cannot be split into --tensor-model-parallel-size 4"),
-    (2, ["--save", "ckpt"], "--save/--load/--pretrained-checkpoint with 2 processes: not supported by this build"),
     (4, ["--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "6"],
      "--global-batch-size 6 must be a positive multiple of --micro-batch-size 2 x data-parallel size 2"),
 ])

@@ -3,19 +3,30 @@
 Every collective of rapidgpt.parallel.comm on sub-groups of 4 ranks against numpy; then the tiny
 GPT trained with TP=2, DP=2 and TP=2 x DP=2 must print the single-process run's loss and grad
 norm at every iteration, and its validation loss (dropout on: the masks do not depend on the
-layout), within 1e-5 relative.
+layout), within 1e-5 relative, and end with the same weights (gathered from its per-TP-rank
+checkpoint). Checkpoints move between layouts: a TP=2 x DP=2 checkpoint resumes in one process,
+a single-process one on TP=2 x DP=2, each continuing the uninterrupted run; a TP=2 checkpoint
+evaluated in one process (resharded on load, or converted by data_tools/convert_checkpoint.py)
+gives the TP=2 run's validation loss.
 """
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import mindspore as ms
+import numpy as np
 import pytest
+
+from rapidgpt.training.checkpointing import checkpoint_problem, find_checkpoint, gathered_tensors
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = str(Path(sys.executable).parent)
-TINY = ["--task", "pretraining", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+HEADS = 4
+TINY = ["--task", "pretraining", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", str(HEADS),
         "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",
         "--lr-warmup-iters", "2", "--log-interval", "1", "--eval-interval", "6", "--eval-iters", "2",
         "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--no-progress-bar", "--max-new-tokens", "0",
@@ -52,13 +63,67 @@ def assert_same_run(found, reference):
 
 
 @pytest.fixture(scope="module")
-def single_process(env):
-    out = subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + TINY, env=env, cwd=REPO, capture_output=True,
+def runs(env, tmp_path_factory):
+    """`runs(nproc, tp)`: the TINY run on that layout, saving every 6 iterations, done once per
+    module -> (its printed values, its --save folder)."""
+    done = {}
+
+    def run(nproc, tp):
+        if (nproc, tp) not in done:
+            folder = tmp_path_factory.mktemp(f"run_{nproc}x{tp}")
+            args = TINY + ["--save", str(folder / "ckpt"), "--save-interval", "6"]
+            if nproc == 1:
+                status, log = single(args, env)
+            else:
+                status, log = msrun(nproc, ["rapidgpt/cli.py"] + args + ["--tensor-model-parallel-size", str(tp)],
+                                    folder / "logs", env)
+            assert status == 0, log[-3000:]
+            found = values(log)
+            assert len(found) == 2 * 12 + 3, log[-2000:]         # 12 x (loss, norm) + 3 validations
+            done[(nproc, tp)] = found, folder / "ckpt"
+        return done[(nproc, tp)]
+    return run
+
+
+def single(args, env):
+    """Run the CLI in one process: (exit status, its output)."""
+    out = subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + args, env=env, cwd=REPO, capture_output=True,
                          text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    found = values(out.stdout)
-    assert len(found) == 2 * 12 + 3, out.stdout[-2000:]          # 12 x (loss, norm) + 3 validations
-    return found
+    return out.returncode, out.stdout + out.stderr
+
+
+def checkpoint_of(save, iteration, folder):
+    """A --load folder holding only checkpoint `iteration` of `save`."""
+    name = f"iter_{iteration:07d}"
+    shutil.copytree(Path(save, name), Path(folder, name))
+    Path(folder, "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    return str(folder)
+
+
+def assert_same_weights(tensors, reference, vocab_size):
+    """Every model and optimizer tensor equal within 1e-5 of its largest magnitude (an element
+    near zero differs relatively more: 12 steps of float32 summed in another order);
+    vocabulary-padded tensors (their padding differs between TP sizes) compared on the true
+    vocabulary, the padding all zeros.
+
+    Except the key bias (Megatron's qkv bias layout `[heads, 3, head_dim]`, key = 1): its gradient
+    is zero in exact arithmetic (q.(k + b) shifts all of a query's scores equally; softmax ignores
+    that), so its value is float rounding noise that AdamW turns into steps of lr * g / eps. It is
+    compared in absolute terms, 1e-5 (init std 0.02), and does not change any output."""
+    assert sorted(tensors) == sorted(reference)
+    for name, expected in reference.items():
+        ours = tensors[name]
+        if ours.shape != expected.shape:
+            assert not ours[vocab_size:].any() and not expected[vocab_size:].any(), name
+            ours, expected = ours[:vocab_size], expected[:vocab_size]
+        if name.endswith("query_key_value.bias") and not name.startswith("adam_"):
+            key = np.zeros((HEADS, 3, expected.size // (3 * HEADS)), bool)
+            key[:, 1] = True
+            key = key.ravel()
+            np.testing.assert_allclose(ours[key], expected[key], rtol=0, atol=1e-5, err_msg=name)
+            ours, expected = ours[~key], expected[~key]
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-5 * scale, err_msg=name)
 
 
 def test_collectives_on_subgroups_match_numpy(env, tmp_path):
@@ -67,10 +132,71 @@ def test_collectives_on_subgroups_match_numpy(env, tmp_path):
 
 
 @pytest.mark.parametrize("nproc,tp", [(2, 2), (2, 1), (4, 2)], ids=["tp2", "dp2", "tp2xdp2"])
-def test_parallel_run_reproduces_the_single_process_run(env, tmp_path, single_process, nproc, tp):
-    status, log = msrun(nproc, ["rapidgpt/cli.py"] + TINY + ["--tensor-model-parallel-size", str(tp)], tmp_path, env)
+def test_parallel_run_reproduces_the_single_process_run(runs, nproc, tp):
+    found, save = runs(nproc, tp)
+    reference, single_save = runs(1, 1)
+    assert_same_run(found, reference)
+    vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
+    assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
+
+
+def test_tp2_x_dp2_checkpoint_resumes_in_one_process(runs, env, tmp_path):
+    _, save = runs(4, 2)
+    reference, _ = runs(1, 1)
+    status, log = single(TINY + ["--load", checkpoint_of(save, 6, tmp_path)], env)
     assert status == 0, log[-3000:]
-    assert_same_run(values(log), single_process)
+    assert "resharded checkpoint" in log and "saved at tensor-parallel size 2, resharded to 1" in log
+    assert_same_run(values(log), reference[13:])       # iterations 7..12 and the last two validations
+
+
+def test_single_process_checkpoint_resumes_on_tp2_x_dp2(runs, env, tmp_path):
+    _, save = runs(1, 1)
+    reference, _ = runs(1, 1)
+    load = checkpoint_of(save, 6, tmp_path / "load")
+    status, log = msrun(4, ["rapidgpt/cli.py"] + TINY + ["--load", load, "--tensor-model-parallel-size", "2"],
+                        tmp_path / "logs", env)
+    assert status == 0, log[-3000:]
+    assert "resharded to 2" in log
+    assert_same_run(values(log), reference[13:])
+
+
+def test_tp2_checkpoint_evaluated_in_one_process_gives_the_tp2_validation_loss(runs, env):
+    found, save = runs(2, 2)
+    status, log = single(TINY + ["--load", str(save), "--skip-train"], env)
+    assert status == 0, log[-3000:]
+    assert_same_run(values(log), found[-1:])           # "validation loss at the end of training"
+
+
+def test_convert_checkpoint_changes_the_tensor_parallel_size(runs, env, tmp_path):
+    found, save = runs(2, 2)
+    tool = [sys.executable, "data_tools/convert_checkpoint.py"]
+    one = subprocess.run(tool + ["--load", str(save), "--save", str(tmp_path / "tp1"),
+                                 "--target-tensor-parallel-size", "1"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert one.returncode == 0 and "tensor-parallel size 2 -> 1" in one.stdout, one.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path / "tp1" / "iter_0000012")) == ["metadata.json", "mp_rank_00"]
+    status, log = single(TINY + ["--load", str(tmp_path / "tp1"), "--skip-train"], env)
+    assert status == 0 and "resharded" not in log, log[-3000:]
+    assert_same_run(values(log), found[-1:])
+    back = subprocess.run(tool + ["--load", str(tmp_path / "tp1"), "--save", str(tmp_path / "tp2"),
+                                  "--target-tensor-parallel-size", "2"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert back.returncode == 0, back.stderr[-2000:]
+    for rank in ("mp_rank_00", "mp_rank_01"):                     # TP 2 -> 1 -> 2: the same bytes' values
+        original = ms.load_checkpoint(str(save / "iter_0000012" / rank / "model_optim_rng.ckpt"))
+        again = ms.load_checkpoint(str(tmp_path / "tp2" / "iter_0000012" / rank / "model_optim_rng.ckpt"))
+        assert sorted(original) == sorted(again)
+        for name, value in original.items():
+            np.testing.assert_array_equal(again[name].asnumpy(), value.asnumpy(), err_msg=name)
+
+
+def test_a_missing_tensor_parallel_piece_makes_the_checkpoint_incomplete(runs, tmp_path):
+    _, save = runs(2, 2)
+    load = tmp_path / "load"
+    shutil.copytree(save, load)
+    shutil.rmtree(load / "iter_0000012" / "mp_rank_01")
+    assert checkpoint_problem(str(load / "iter_0000012")) == "mp_rank_01 missing (2 mp_rank_* directories expected)"
+    assert find_checkpoint(str(load)) == str(load / "iter_0000006")
 
 
 def test_finetuner_user_script_on_tp2_x_dp2_reproduces_the_single_process_run(env, tmp_path):
@@ -84,10 +210,9 @@ def test_finetuner_user_script_on_tp2_x_dp2_reproduces_the_single_process_run(en
                 "--train-size", "96", "--valid-size", "40", "--micro-batch-size", "8", "--global-batch-size", "16",
                 "--epochs", "2", "--lr", "2e-3", "--log-interval", "1", "--hidden-dropout", "0.1",
                 "--attention-dropout", "0.1"]
-    single = subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + finetune, env=env, cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr[-2000:]
-    reference = values(single.stdout) + [("accuracy", float(a)) for a in ACCURACY.findall(single.stdout)]
+    status, log = single(finetune, env)
+    assert status == 0, log[-2000:]
+    reference = values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)]
     assert len(reference) == 2 * 12 + 2
     status, log = msrun(4, ["rapidgpt/cli.py"] + finetune + ["--tensor-model-parallel-size", "2"], tmp_path, env)
     assert status == 0, log[-3000:]

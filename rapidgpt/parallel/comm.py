@@ -214,9 +214,16 @@ class SendRecv(nn.Cell):
         return self.sum(x if self.is_src else ops.zeros_like(x))
 
 
+def sum_over_ranks(number, group=None):
+    """The sum of `number` (an int) over the ranks of `group` (default: the world), on every rank;
+    it also waits until they all get here. Outside msrun: `number` itself."""
+    if not _STATE["initialized"]:
+        return number
+    name = _world_group() if group is None else group.name
+    total = ops.AllReduce(ops.ReduceOp.SUM, name)(ms.Tensor([number], ms.float32)).asnumpy()
+    return int(round(float(total[0])))
+
+
 def barrier(group=None):
     """Wait until every rank of `group` (default: the world) gets here."""
-    if not _STATE["initialized"]:
-        return
-    name = _world_group() if group is None else group.name
-    ops.AllReduce(ops.ReduceOp.SUM, name)(ms.Tensor([1.0], ms.float32)).asnumpy()
+    sum_over_ranks(1, group)

@@ -4,7 +4,9 @@
     <save>/iter_0000100/metadata.json                 model config, tokenizer, layout, versions
     <save>/iter_0000100/mp_rank_00/model_optim_rng.ckpt   model + optimizer state (MindSpore ckpt)
     <save>/iter_0000100/mp_rank_00/state.json         iteration, consumed samples, LR scheduler,
-                                                      python/numpy/MindSpore RNG states
+                                                      python/numpy/MindSpore RNG states, TP layout
+    <save>/iter_0000100/mp_rank_01/...                the next tensor-parallel rank's piece
+                                                      (mp_rank_TT_PPP with pipeline stages)
 
 Writing: everything goes into a fresh temporary directory, every file is fsync'ed, the directory
 is renamed to `iter_XXXXXXX` in one step, and only then is `latest_checkpointed_iteration.txt`
@@ -13,7 +15,8 @@ leaves the previous checkpoint complete and `latest` pointing at a complete chec
 disk ends the save with a clear error and removes only the partial new directory.
 
 Reading: `latest` is checked against the directory it names; a missing, partial or corrupt
-checkpoint is reported and the newest complete one is used instead, with a warning.
+checkpoint is reported and the newest complete one is used instead, with a warning. A checkpoint
+saved at another tensor-parallel size is resharded while loading (rapidgpt.parallel.resharding).
 """
 import errno
 import json
@@ -27,6 +30,8 @@ import mindspore as ms
 import numpy as np
 
 from rapidgpt import __version__
+from rapidgpt.parallel.comm import sum_over_ranks
+from rapidgpt.parallel.resharding import merge_shards, split_for_rank, tensor_parallel_layout
 from rapidgpt.parallel.state import get_parallel_state
 
 LATEST = "latest_checkpointed_iteration.txt"
@@ -130,17 +135,25 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
                     keep_last_n=None, extra_metadata=None):
     """Write checkpoint `iteration` under --save (or `directory`) atomically, publish it, prune old
     ones (all but the newest --keep-last-n-checkpoints, or `keep_last_n`). `extra_metadata` is
-    added to metadata.json."""
+    added to metadata.json. Every rank calls it; with several processes the steps below run on
+    the ranks named, and every rank learns whether a step failed anywhere before the next starts
+    (so all of them raise the same error, and nothing half-written is published):
+
+        rank 0                      a fresh temporary folder
+        data-parallel rank 0 of     its mp_rank_XX folder (DP replicas hold the same values)
+        each TP/PP position
+        rank 0                      metadata.json, rename to iter_XXXXXXX, latest, prune
+
+    With several nodes --save must be a shared filesystem, as for Megatron.
+    """
     save, state = directory or args.save, get_parallel_state()
-    final = iteration_dir(save, iteration)
-    tmp = os.path.join(save, f".iter_{iteration:07d}.tmp{os.getpid()}")
-    try:
-        os.makedirs(save, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tp_rank, _, pp_rank = state.coordinates()
+    tmp = temporary_dir(save, iteration)
+    tp_rank, dp_rank, pp_rank = state.coordinates()
+    params = _named_parameters(model, optimizer, not args.no_save_optim)
+
+    def write_shard():
         rank_dir = os.path.join(tmp, rank_dir_name(tp_rank, pp_rank, state.pipeline_model_parallel_size))
         os.makedirs(rank_dir)
-        params = _named_parameters(model, optimizer, not args.no_save_optim)
         weights = os.path.join(rank_dir, f"{WEIGHTS}.{args.ckpt_format}")
         ms.save_checkpoint([{"name": name, "data": p} for name, p in params.items()], weights,
                            format=args.ckpt_format)
@@ -150,7 +163,11 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
             "scheduler": scheduler.state_dict() if not args.no_save_optim else None,
             "rng": rng_state() if not args.no_save_rng else None,
             "has_optimizer": not args.no_save_optim,
-            "model_parameters": [p.name for p in model.get_parameters()]})
+            "model_parameters": [p.name for p in model.get_parameters()],
+            "tensor_parallel_layout": tensor_parallel_layout(model, params)})
+        _fsync_path(rank_dir)
+
+    def publish():
         _write_json(os.path.join(tmp, METADATA), {
             "iteration": iteration, "consumed_train_samples": consumed_samples,
             "model": model_config(args), "vocab_size": getattr(model, "vocab_size", None),
@@ -161,32 +178,68 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
             "versions": {"rapidgpt": __version__, "mindspore": ms.__version__},
             "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, list, type(None)))},
             **(extra_metadata or {})})
-        _fsync_path(tmp)
-        if os.path.exists(final):          # saving an iteration again: swap, never delete first
-            trash = f"{final}.old{os.getpid()}"
-            os.rename(final, trash)
-            os.rename(tmp, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        _fsync_path(save)
-        latest_tmp = os.path.join(save, f".{LATEST}.tmp{os.getpid()}")
-        with open(latest_tmp, "w") as f:
-            f.write(str(iteration))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(latest_tmp, os.path.join(save, LATEST))
-        _fsync_path(save)
-    except OSError as e:
+        publish_checkpoint(save, tmp, iteration)
+
+    def fresh_tmp():
+        os.makedirs(save, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
-        previous = read_latest(save)
-        kept = f"the last complete checkpoint (iteration {previous}) is intact" if previous is not None \
-            else "no earlier checkpoint exists"
-        reason = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else str(e)
-        raise CheckpointError(f"could not save checkpoint {iteration} under --save {save}: {reason}; "
-                              f"{kept}. Free space or point --save elsewhere.") from e
-    prune_checkpoints(save, keep_last_n or args.keep_last_n_checkpoints, keep=iteration)
-    return final
+        os.makedirs(tmp)
+
+    for on_this_rank, step in ((state.rank == 0, fresh_tmp), (dp_rank == 0, write_shard),
+                               (state.rank == 0, publish)):
+        error = None
+        if on_this_rank:
+            try:
+                step()
+            except OSError as e:
+                error = e
+        if sum_over_ranks(int(error is not None)):
+            if state.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise _save_failed(save, iteration, error)
+    if state.rank == 0:
+        prune_checkpoints(save, keep_last_n or args.keep_last_n_checkpoints, keep=iteration)
+    return iteration_dir(save, iteration)
+
+
+def temporary_dir(save, iteration):
+    """Where checkpoint `iteration` is written before `publish_checkpoint` renames it into place."""
+    return os.path.join(save, f".iter_{iteration:07d}.tmp")
+
+
+def publish_checkpoint(save, tmp, iteration):
+    """Make the complete checkpoint written in `tmp` iteration `iteration` under `save`: fsync it,
+    rename it to iter_XXXXXXX in one step, then replace `latest` (write, fsync, rename)."""
+    final = iteration_dir(save, iteration)
+    _fsync_path(tmp)
+    if os.path.exists(final):          # saving an iteration again: swap, never delete first
+        trash = f"{final}.old{os.getpid()}"
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_path(save)
+    latest_tmp = os.path.join(save, f".{LATEST}.tmp{os.getpid()}")
+    with open(latest_tmp, "w") as f:
+        f.write(str(iteration))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(latest_tmp, os.path.join(save, LATEST))
+    _fsync_path(save)
+
+
+def _save_failed(save, iteration, error):
+    """The CheckpointError of a failed save (`error`: this rank's OSError, None if another rank's)."""
+    previous = read_latest(save)
+    kept = f"the last complete checkpoint (iteration {previous}) is intact" if previous is not None \
+        else "no earlier checkpoint exists"
+    if error is None:
+        reason = "another rank could not write its part (its log under --log-dir says why)"
+    else:
+        reason = "the disk is full" if error.errno in (errno.ENOSPC, errno.EDQUOT) else str(error)
+    return CheckpointError(f"could not save checkpoint {iteration} under --save {save}: {reason}; "
+                           f"{kept}. Free space or point --save elsewhere.")
 
 
 def prune_checkpoints(save, keep_last_n, keep):
@@ -213,12 +266,14 @@ def checkpoint_problem(path):
         return "directory missing"
     try:
         with open(metadata) as f:
-            json.load(f)
+            parallel = json.load(f).get("parallel", {})
     except (OSError, ValueError) as e:
         return f"{METADATA} unreadable ({e})"
-    rank_dirs = [d for d in os.listdir(path) if d.startswith("mp_rank_")]
-    if not rank_dirs:
-        return "no mp_rank_* directory"
+    tp, pp = parallel.get("tensor_model_parallel_size", 1), parallel.get("pipeline_model_parallel_size", 1)
+    rank_dirs = [rank_dir_name(t, p, pp) for p in range(pp) for t in range(tp)]
+    absent = [d for d in rank_dirs if not os.path.isdir(os.path.join(path, d))]
+    if absent:
+        return f"{absent[0]} missing ({len(rank_dirs)} mp_rank_* directories expected)"
     for d in rank_dirs:
         if _weights_file(os.path.join(path, d)) is None:
             return f"{d}/{WEIGHTS}.ckpt|.safetensors missing or empty"
@@ -311,27 +366,83 @@ def read_metadata(path):
     return metadata
 
 
-def _read_rank_checkpoint(path):
-    """(this rank's directory, {name: value} of its tensors, its state.json) in checkpoint `path`."""
-    state = get_parallel_state()
-    tp_rank, _, pp_rank = state.coordinates()
-    rank_dir = os.path.join(path, rank_dir_name(tp_rank, pp_rank, state.pipeline_model_parallel_size))
-    try:
-        weights, fmt = _weights_file(rank_dir)
-        saved = ms.load_checkpoint(weights, format=fmt)
-        with open(os.path.join(rank_dir, STATE)) as f:
-            meta = json.load(f)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"checkpoint {rank_dir} cannot be read: {e}") from e
-    return rank_dir, saved, meta
+class _RankCheckpoint:
+    """This rank's view of the checkpoint in `path`: its state.json and, per tensor, this rank's
+    piece. A checkpoint saved at another tensor-parallel size is resharded on the fly (every saved
+    TP rank's folder is read; see rapidgpt.parallel.resharding)."""
+
+    def __init__(self, path, tp_rank=None, tp_size=None):
+        state = get_parallel_state()
+        pp_rank = state.coordinates()[2]
+        tp_rank = state.coordinates()[0] if tp_rank is None else tp_rank
+        tp_size = state.tensor_model_parallel_size if tp_size is None else tp_size
+        saved = read_metadata(path).get("parallel", {})
+        saved_tp = saved.get("tensor_model_parallel_size", 1)
+        saved_pp = saved.get("pipeline_model_parallel_size", 1)
+        if saved_pp != state.pipeline_model_parallel_size:
+            raise CheckpointError(f"checkpoint {path} was saved with --pipeline-model-parallel-size {saved_pp}; "
+                                  f"load it with that size ({state.pipeline_model_parallel_size} given)")
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.resharded = saved_tp != self.tp_size
+        ranks = range(saved_tp) if self.resharded else [tp_rank]
+        dirs = [os.path.join(path, rank_dir_name(r, pp_rank, saved_pp)) for r in ranks]
+        self.where = (f"{path} (saved at tensor-parallel size {saved_tp}, resharded to {self.tp_size})"
+                      if self.resharded else dirs[0])
+        try:
+            self.pieces = []
+            for rank_dir in dirs:
+                weights, fmt = _weights_file(rank_dir)
+                self.pieces.append(ms.load_checkpoint(weights, format=fmt))
+            with open(os.path.join(dirs[0], STATE)) as f:
+                self.meta = json.load(f)
+        except (OSError, ValueError, RuntimeError, TypeError) as e:
+            raise CheckpointError(f"checkpoint {self.where} cannot be read: {e}") from e
+        self.layout = self.meta.get("tensor_parallel_layout", {})
+        if self.resharded and "tensor_parallel_layout" not in self.meta:
+            raise CheckpointError(f"checkpoint {path} does not record how its tensors are split over "
+                                  f"tensor-parallel ranks (saved by an older RapidGPT); load it with "
+                                  f"--tensor-model-parallel-size {saved_tp}")
+
+    def names(self):
+        return list(self.pieces[0])
+
+    def __contains__(self, name):
+        return name in self.pieces[0]
+
+    def full(self, name):
+        """Tensor `name` as numpy, every TP rank's piece merged (the vocabulary padded as saved)."""
+        try:
+            return merge_shards(name, [piece[name].asnumpy() for piece in self.pieces], self.layout.get(name))
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint {self.where}: {e}") from None
+
+    def value(self, name, local_shape):
+        """Tensor `name` for a parameter of `local_shape` on this rank."""
+        if not self.resharded:
+            return self.pieces[0][name]
+        try:
+            return ms.Tensor(split_for_rank(name, self.full(name), self.layout.get(name), local_shape,
+                                            self.tp_rank, self.tp_size))
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint {self.where}: {e}") from None
 
 
-def _assign(targets, rank_dir):
-    """Set each `param` of `targets` {name: (param, saved value)} after checking its shape."""
-    for name, (param, value) in targets.items():
+def gathered_tensors(path):
+    """{name: numpy array} of every tensor of the checkpoint in `path` (`latest` under a --save
+    folder, or an iter_* directory) as a single process would hold it: the tensor-parallel pieces
+    merged; vocabulary-padded tensors keep the padding they were saved with."""
+    checkpoint = _RankCheckpoint(find_checkpoint(path), tp_rank=0, tp_size=1)
+    return {name: checkpoint.full(name) for name in checkpoint.names()}
+
+
+def _assign(targets, checkpoint):
+    """Set each `param` of `targets` {param name: (param, checkpoint name)} to the checkpoint's
+    value after checking its shape."""
+    for name, (param, saved_name) in targets.items():
+        value = checkpoint.value(saved_name, tuple(param.shape))
         if tuple(value.shape) != tuple(param.shape):
-            raise CheckpointError(f"checkpoint {rank_dir}: {name} has shape {tuple(value.shape)}, "
-                                  f"the model has {tuple(param.shape)}")
+            raise CheckpointError(f"checkpoint {checkpoint.where}: {saved_name} has shape {tuple(value.shape)}, "
+                                  f"the model's {name} has {tuple(param.shape)}")
         param.set_data(value.astype(param.dtype))
 
 
@@ -342,16 +453,18 @@ def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
     which takes the weights only (as does a call without an optimizer, e.g. for generation). Must run before the first compiled step (graphs do not see
     `set_data` made after they ran).
     """
-    rank_dir, saved, meta = _read_rank_checkpoint(find_checkpoint(args.load, logger))
+    checkpoint = _RankCheckpoint(find_checkpoint(args.load, logger))
+    meta = checkpoint.meta
     finetune = args.finetune or optimizer is None
     load_optimizer = not (finetune or args.no_load_optim) and meta["has_optimizer"]
     params = _named_parameters(model, optimizer, load_optimizer)
-    missing = [name for name in params if name not in saved]
+    missing = [name for name in params if name not in checkpoint]
     if missing:
-        raise CheckpointError(f"checkpoint {rank_dir} has no value for {len(missing)} parameters "
-                              f"(first: {missing[0]}); it was saved from a different model"
-                              )
-    _assign({name: (param, saved[name]) for name, param in params.items()}, rank_dir)
+        raise CheckpointError(f"checkpoint {checkpoint.where} has no value for {len(missing)} parameters "
+                              f"(first: {missing[0]}); it was saved from a different model")
+    _assign({name: (param, name) for name, param in params.items()}, checkpoint)
+    if checkpoint.resharded and logger is not None:
+        logger.info(f" resharded checkpoint {checkpoint.where}")
     if finetune:
         return 0, 0
     if load_optimizer and meta["scheduler"] is not None:
@@ -397,17 +510,17 @@ def load_pretrained_weights(path, model, logger=None):
     compiled step.
     """
     directory = find_checkpoint(path, logger, flag="--pretrained-checkpoint")
-    rank_dir, saved, meta = _read_rank_checkpoint(directory)
-    checkpoint_names = meta.get("model_parameters") or sorted(saved)
+    checkpoint = _RankCheckpoint(directory)
+    checkpoint_names = checkpoint.meta.get("model_parameters") or sorted(checkpoint.names())
     params = _named_parameters(model, None, False)
     prefix = _prefix_of(params, set(checkpoint_names))
     if prefix is None:
         raise CheckpointError(f"--pretrained-checkpoint {path}: none of its {len(checkpoint_names)} tensors "
                               f"(e.g. {checkpoint_names[0]}) matches a parameter of the model "
                               f"(e.g. {next(iter(params))}); it was saved from a different model")
-    targets = {prefix + name: (params[prefix + name], saved[name]) for name in checkpoint_names
+    targets = {prefix + name: (params[prefix + name], name) for name in checkpoint_names
                if prefix + name in params}
-    _assign(targets, rank_dir)
+    _assign(targets, checkpoint)
     report = PretrainedLoad(sorted(targets), sorted(set(params) - set(targets)),
                             sorted(name for name in checkpoint_names if prefix + name not in params))
     if logger is not None:

@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""Change the tensor-parallel size of a RapidGPT checkpoint offline (numpy only, one process).
+
+    python data_tools/convert_checkpoint.py --load ckpt_tp2 --save ckpt_tp4 --target-tensor-parallel-size 4
+
+Reads the latest complete checkpoint under --load (or the iter_* directory given), merges every
+tensor's `mp_rank_XX` pieces into the full tensor, refits the vocabulary padding to
+--make-vocab-size-divisible-by x the new TP size, and writes the target size's pieces (model and
+optimizer state alike) as iteration N of --save, atomically, with metadata, scheduler, RNG state
+and consumed samples unchanged: a run at the new size resumes from it exactly as from the
+original. `rapidgpt --load` also reshards on the fly; converting once saves every rank reading
+every piece at each start.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import mindspore as ms  # noqa: E402
+
+from rapidgpt.arguments import padded_vocab_size  # noqa: E402
+from rapidgpt.parallel.resharding import split_for_rank  # noqa: E402
+from rapidgpt.training.checkpointing import (METADATA, STATE, WEIGHTS, CheckpointError,  # noqa: E402
+                                             find_checkpoint, gathered_tensors, publish_checkpoint,
+                                             rank_dir_name, temporary_dir)
+
+PROG = "convert_checkpoint.py"
+
+
+def convert(load, save, target_tp):
+    """Write checkpoint `load` at tensor-parallel size `target_tp` under `save`; returns its path."""
+    source = find_checkpoint(load)
+    with open(os.path.join(source, METADATA)) as f:
+        metadata = json.load(f)
+    parallel = metadata.get("parallel", {})
+    if parallel.get("pipeline_model_parallel_size", 1) != 1:
+        raise CheckpointError(f"--load {load}: checkpoints with pipeline stages cannot be converted yet")
+    with open(os.path.join(source, rank_dir_name(0), STATE)) as f:
+        state = json.load(f)
+    if "tensor_parallel_layout" not in state:
+        raise CheckpointError(f"--load {load}: the checkpoint does not record how its tensors are split "
+                              f"(saved by an older RapidGPT)")
+    model = metadata.get("model") or {}
+    for flag in ("num_attention_heads", "ffn_hidden_size"):
+        if model.get(flag) and model[flag] % target_tp:
+            raise CheckpointError(f"--target-tensor-parallel-size {target_tp} does not divide the checkpoint's "
+                                  f"--{flag.replace('_', '-')} {model[flag]}")
+    vocab_rows = None
+    if metadata.get("vocab_size"):
+        vocab_rows = padded_vocab_size(metadata["vocab_size"], model.get("make_vocab_size_divisible_by") or 1,
+                                       target_tp)
+    full = gathered_tensors(source)
+    iteration = metadata["iteration"]
+    tmp = temporary_dir(save, iteration)
+    os.makedirs(save, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        _write_pieces(source, tmp, full, state, vocab_rows, target_tp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    metadata["parallel"] = dict(parallel, tensor_model_parallel_size=target_tp, world_size=target_tp)
+    if vocab_rows is not None:
+        metadata["padded_vocab_size"] = vocab_rows
+    metadata.setdefault("args", {})["tensor_model_parallel_size"] = target_tp
+    with open(os.path.join(tmp, METADATA), "w") as f:
+        json.dump(metadata, f, indent=1, sort_keys=True)
+    publish_checkpoint(save, tmp, iteration)
+    return os.path.join(save, os.path.basename(source)), parallel.get("tensor_model_parallel_size", 1)
+
+
+def _write_pieces(source, tmp, full, state, vocab_rows, target_tp):
+    """Every target rank's mp_rank_XX folder (weights in the source's format, `state` as its
+    state.json) and the source's other files (tokenizer files kept beside the metadata) into `tmp`."""
+    layout = state["tensor_parallel_layout"]
+    fmt = "safetensors" if os.path.isfile(os.path.join(source, rank_dir_name(0), f"{WEIGHTS}.safetensors")) \
+        else "ckpt"
+    for name in os.listdir(source):
+        if os.path.isfile(os.path.join(source, name)) and name != METADATA:
+            shutil.copy2(os.path.join(source, name), os.path.join(tmp, name))
+    for rank in range(target_tp):
+        rank_dir = os.path.join(tmp, rank_dir_name(rank))
+        os.makedirs(rank_dir)
+        pieces = []
+        for name, value in full.items():
+            spec = layout.get(name)
+            local_shape = list(value.shape)
+            if spec is not None:
+                if spec[1] and vocab_rows:
+                    local_shape[0] = vocab_rows
+                local_shape[spec[0]] //= target_tp
+            try:
+                piece = split_for_rank(name, value, spec, tuple(local_shape), rank, target_tp)
+            except ValueError as e:
+                raise CheckpointError(f"--target-tensor-parallel-size {target_tp}: {e}") from None
+            pieces.append({"name": name, "data": ms.Tensor(piece)})
+        ms.save_checkpoint(pieces, os.path.join(rank_dir, f"{WEIGHTS}.{fmt}"), format=fmt)
+        with open(os.path.join(rank_dir, STATE), "w") as f:
+            json.dump(state, f, indent=1, sort_keys=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--load", required=True, help="checkpoint folder (or iter_* directory) to read")
+    parser.add_argument("--save", required=True, help="folder to write the converted checkpoint into")
+    parser.add_argument("--target-tensor-parallel-size", type=int, required=True,
+                        help="tensor-parallel size of the written checkpoint")
+    args = parser.parse_args(argv)
+    if args.target_tensor_parallel_size < 1:
+        parser.error("--target-tensor-parallel-size must be >= 1")
+    if os.path.abspath(args.save) == os.path.abspath(args.load):
+        parser.error("--save must differ from --load (the original stays as it is)")
+    try:
+        path, source_tp = convert(args.load, args.save, args.target_tensor_parallel_size)
+    except (CheckpointError, OSError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}: tensor-parallel size {source_tp} -> {args.target_tensor_parallel_size}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

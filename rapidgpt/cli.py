@@ -41,7 +41,8 @@ def main(argv=None):
         if known.task not in TASKS:
             print(f"rapidgpt: error: --task {known.task}: choose one of {', '.join(TASKS)}", file=sys.stderr)
             return 2
-        return _run_or_launch(argv, lambda: importlib.import_module(f"rapidgpt.tasks.{known.task}").main(argv))
+        task = importlib.import_module(f"rapidgpt.tasks.{known.task}")
+        return _run_or_launch(argv, lambda: task.main(argv), getattr(task, "before_launch", None))
     if not os.path.isfile(known.user_script):
         print(f"rapidgpt: error: --user-script {known.user_script}: no such file", file=sys.stderr)
         return 2
@@ -49,11 +50,12 @@ def main(argv=None):
     return _run_or_launch(argv, lambda: runpy.run_path(known.user_script, run_name="__main__"))
 
 
-def _run_or_launch(argv, run):
-    """`run()` here, or start the ranks when the flags ask for several processes. In a process msrun
-    started: the scheduler only serves the job (and ends there); a worker sets its device and joins
-    the job before `run` does anything (MindSpore wants both before the first tensor; the engine
-    then finds them done)."""
+def _run_or_launch(argv, run, before_launch=None):
+    """`run()` here, or start the ranks when the flags ask for several processes (after
+    `before_launch(args)`, the task's work to do once per node). In a process msrun started: the
+    scheduler only serves the job (and ends there); a worker sets its device and joins the job
+    before `run` does anything (MindSpore wants both before the first tensor; the engine then
+    finds them done)."""
     from rapidgpt.parallel import comm
     if comm.is_msrun_scheduler():
         comm.serve_as_scheduler()
@@ -69,7 +71,7 @@ def _run_or_launch(argv, run):
         comm.init_distributed(device)
     elif flags.nproc_per_node * flags.nnodes != 1:
         from rapidgpt.launcher import launch
-        return launch(argv)
+        return launch(argv, before_launch)
     return _reported(run)
 
 

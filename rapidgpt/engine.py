@@ -59,8 +59,11 @@ class RapidGPTEngine:
             ms.set_device(MINDSPORE_DEVICE[self.device])
         ms.set_context(mode=ms.PYNATIVE_MODE)
         if self.device == "cpu" and not _THREADS_SET:
-            # MindSpore's CPU kernels use this many threads (OMP_NUM_THREADS has no effect).
-            ms.device_context.cpu.op_tuning.threads_num(args.cpu_threads or os.cpu_count() or 1)
+            # MindSpore's CPU kernels use this many threads (OMP_NUM_THREADS has no effect); by
+            # default this node's processes share its cores rather than each taking all of them.
+            local_processes = max(1, args.world_size // args.nnodes)
+            ms.device_context.cpu.op_tuning.threads_num(
+                args.cpu_threads or max(1, (os.cpu_count() or 1) // local_processes))
             _THREADS_SET = True
         set_seeds(args.seed)
         rank, world_size = comm.init_distributed(self.device)

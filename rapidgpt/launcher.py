@@ -30,6 +30,7 @@ import time
 import psutil
 
 from rapidgpt.arguments import parse_args
+from rapidgpt.engine import select_device
 
 POLL_SECONDS = 0.2
 STOP_GRACE_SECONDS = 3.0
@@ -42,10 +43,16 @@ MINDSPORE_CHATTER = re.compile(r"\[(DEBUG|INFO|WARNING)\] [A-Z_]+\(\d+[,:][^\r\n
 PR_SET_PDEATHSIG = 1
 
 
-def launch(argv):
+def launch(argv, prepare=None):
     """Validate the flags for nproc-per-node x nnodes processes, run them through msrun, watch them
-    and return the exit status: 0, 1 when a rank or msrun failed, 128 + signal when interrupted."""
+    and return the exit status: 0, 1 when a rank or msrun failed, 128 + signal when interrupted.
+    `prepare(args)`: work done once on this node before its ranks start (e.g. the demo corpus)."""
     args = parse_args(argv=argv, launcher=True)
+    try:
+        select_device(args.device)                   # fail here, not once per rank
+    except ValueError as e:
+        print(f"rapidgpt: error: {e}", file=sys.stderr)
+        return 2
     on_master_node = args.node_rank == 0
     if args.master_port is not None and on_master_node and _port_in_use(args.master_port):
         print(f"rapidgpt: error: --master-port (or MASTER_PORT) {args.master_port} is in use on this machine; "
@@ -60,6 +67,8 @@ def launch(argv):
           f"{args.pipeline_model_parallel_size} x data parallel {args.data_parallel_size}) through msrun; this "
           f"node runs {here}{'' if on_master_node else ', rank 0 prints on node 0'}; every rank's log is "
           f"under {log_dir}", file=sys.stderr)
+    if prepare is not None:
+        prepare(args)
     msrun_log = os.path.join(log_dir, f"msrun_node{args.node_rank}.log")
     job = Job(msrun_command(args, argv, log_dir), log_dir, ranks, msrun_log, echo_rank=0 if on_master_node else None)
     return job.run()

@@ -116,3 +116,13 @@ def test_bad_numbers_are_refused_before_anything_starts(tmp_path, monkeypatch, c
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].startswith(f"rapidgpt: error: {message}")
     assert not (tmp_path / "rapidgpt_logs").exists()
+
+
+def test_an_unavailable_device_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text(SCRIPT)
+    assert main(["--user-script", "s.py", "--nproc-per-node", "2", "--device", "ascend"]) == 2
+    assert "rapidgpt: error: --device ascend: this MindSpore installation has no" in capsys.readouterr().err
+    assert not (tmp_path / "rapidgpt_logs").exists()

@@ -67,6 +67,13 @@ def use_demo_corpus(args):
         args.prompt = DEMO_PROMPT
 
 
+def before_launch(args):
+    """Once per node, before its ranks start: build the demo corpus they will read (rather than
+    every rank building it at the same moment)."""
+    if not (args.data_path or args.train_data_path):
+        demo_corpus()
+
+
 def main(argv=None):
     args = parse_args(argv=argv)
     if not (args.data_path or args.train_data_path):

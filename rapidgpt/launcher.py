@@ -14,8 +14,10 @@ LOG_DIR/worker_N.log and kills the other workers when one exits non-zero. `rapid
   Error code: C", C < 0 for a signal); rapidgpt then names the rank, prints the tail of its
   traceback, stops msrun, its scheduler and every worker, and exits with status 1, instead of
   msrun's wait for the scheduler's ~30 s time-out followed by a generic message;
-- Ctrl-C or SIGTERM stops the whole job the same way, and if rapidgpt itself dies msrun gets
-  SIGINT, on which it kills its workers and scheduler: no process of the job outlives rapidgpt.
+- Ctrl-C or SIGTERM (pre-emption) is passed on to the workers, which save (with --save) and stop
+  together at the next step boundary; a second one stops the whole job at once, the way a failure
+  does. If rapidgpt itself dies msrun gets SIGINT, on which it kills its workers and scheduler: no
+  process of the job outlives rapidgpt.
 """
 import codecs
 import ctypes
@@ -143,6 +145,7 @@ class Job:
         self.echo_rank = echo_rank
         self.echo = Follow(self.worker_log(echo_rank)) if echo_rank is not None else None
         self.rank_of = {}                     # worker pid -> global rank
+        self.passed_on = None                 # the signal passed on to the workers, once
         self.msrun = None
 
     def worker_log(self, rank):
@@ -189,16 +192,34 @@ class Job:
         return 0
 
     def _watch(self):
-        """Until msrun ends (None) or reports a failed worker ((pid, code))."""
+        """Until msrun ends (None) or reports a failed worker ((pid, code)). The first Ctrl-C or
+        SIGTERM is passed on to this node's workers as SIGTERM: in training they save (with --save)
+        and stop at the next step boundary, every rank at the same one; a second signal, or one
+        before every worker is known, stops the job at once (raises _Interrupted)."""
         msrun_lines = Follow(self.msrun_log)
         while self.msrun.poll() is None:
-            self._find_workers()
-            self._echo()
-            for line in msrun_lines.lines():
-                failed = WORKER_FAILED.search(line)
-                if failed:
-                    return int(failed.group(1)), int(failed.group(2))
-            time.sleep(POLL_SECONDS)
+            try:
+                self._find_workers()
+                self._echo()
+                for line in msrun_lines.lines():
+                    failed = WORKER_FAILED.search(line)
+                    if failed and self.passed_on and int(failed.group(2)) == -signal.SIGTERM:
+                        raise _Interrupted(self.passed_on)     # a worker outside training just ends
+                    if failed:
+                        return int(failed.group(1)), int(failed.group(2))
+                time.sleep(POLL_SECONDS)
+            except _Interrupted as e:
+                if self.passed_on is not None or len(self.rank_of) < len(self.local_ranks):
+                    raise
+                self.passed_on = e.signum
+                name = signal.Signals(e.signum).name
+                for pid in self.rank_of:
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+                print(f"rapidgpt: {name} passed on to the ranks: they save (with --save) and stop at the next "
+                      f"step boundary; {name} again stops them at once", file=sys.stderr)
         return None
 
     def _find_workers(self):

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -188,6 +189,31 @@ def test_convert_checkpoint_changes_the_tensor_parallel_size(runs, env, tmp_path
         assert sorted(original) == sorted(again)
         for name, value in original.items():
             np.testing.assert_array_equal(again[name].asnumpy(), value.asnumpy(), err_msg=name)
+
+
+def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path):
+    """Pre-emption of a TP=2 job: the launcher passes SIGTERM on; the ranks agree on the step,
+    save both pieces, publish, and end cleanly."""
+    save = tmp_path / "ckpt"
+    command = [sys.executable, "-m", "rapidgpt.cli"] + TINY + [
+        "--train-iters", "100000", "--save", str(save), "--nproc-per-node", "2", "--tensor-model-parallel-size", "2",
+        "--log-dir", str(tmp_path / "logs")]
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if re.search(r"iteration\s+3/", line):
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "SIGTERM passed on to the ranks" in err
+    stopped = int(re.search(r"exiting at iteration (\d+): received SIGTERM", out).group(1))
+    assert stopped >= 3 and (save / "latest_checkpointed_iteration.txt").read_text() == str(stopped)
+    assert checkpoint_problem(str(save / f"iter_{stopped:07d}")) is None
+    assert sorted(p.name for p in (save / f"iter_{stopped:07d}").iterdir()) == ["metadata.json", "mp_rank_00",
+                                                                              "mp_rank_01"]
 
 
 def test_a_missing_tensor_parallel_piece_makes_the_checkpoint_incomplete(runs, tmp_path):

@@ -14,7 +14,7 @@ from mindspore import Tensor
 
 from rapidgpt.global_vars import get_args, get_logger
 from rapidgpt.optim import build_lr_scheduler, build_optimizer
-from rapidgpt.parallel.comm import AllGather
+from rapidgpt.parallel.comm import AllGather, sum_over_ranks
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import get_data_parallel_group
 from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_pretrained_weights,
@@ -115,14 +115,20 @@ class Trainer:
         self.logger.info(f"  successfully saved checkpoint at iteration {iteration:7d} to {path}")
 
     def _exit_reason(self, iteration, started, exit_signal):
+        """Why training stops after `iteration` (None: it goes on). All ranks stop at the same
+        step, because the save is collective: a signal or time limit any rank sees stops them all."""
         args = self.args
+        reason = None
         if exit_signal.received:
-            return f"received {exit_signal.received}"
-        if args.exit_interval and iteration % args.exit_interval == 0:
-            return f"--exit-interval {args.exit_interval}"
-        if args.exit_duration_in_mins and time.time() - started > 60 * args.exit_duration_in_mins:
-            return f"--exit-duration-in-mins {args.exit_duration_in_mins}"
-        return None
+            reason = f"received {exit_signal.received}"
+        elif args.exit_interval and iteration % args.exit_interval == 0:
+            reason = f"--exit-interval {args.exit_interval}"
+        elif args.exit_duration_in_mins and time.time() - started > 60 * args.exit_duration_in_mins:
+            reason = f"--exit-duration-in-mins {args.exit_duration_in_mins}"
+        stopping = sum_over_ranks(int(reason is not None))
+        if stopping and reason is None:
+            reason = f"{stopping} other rank(s) stopping (a signal or --exit-duration-in-mins)"
+        return reason
 
     def train_loop(self, model, optimizer, scheduler, forward, train_batches, train_iters,
                    evaluate=None, eval_interval=None, tokens_per_sample=None, start_iteration=0,

@@ -15,6 +15,7 @@ from rapidgpt.arguments import parse_args
 from rapidgpt.global_vars import set_global_variables
 from rapidgpt.optim import build_lr_scheduler, build_optimizer
 from rapidgpt.parallel import comm
+from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import ParallelState, initialize_parallel_state
 from rapidgpt.tokenizer import build_tokenizer
@@ -92,6 +93,7 @@ class RapidGPTEngine:
         forward/backward/clip/update at the scheduler's learning rate and returns the loss, and the
         scheduler (built from the flags when None; advance it with `lr_scheduler.step(samples)`).
         """
+        check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
         model.set_train(True)          # MindSpore cells start in eval mode (no dropout)
         optimizer = optimizer or build_optimizer(self.args, model.trainable_params())

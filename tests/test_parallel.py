@@ -191,6 +191,21 @@ def test_convert_checkpoint_changes_the_tensor_parallel_size(runs, env, tmp_path
             np.testing.assert_array_equal(again[name].asnumpy(), value.asnumpy(), err_msg=name)
 
 
+def test_any_model_gets_data_parallelism_and_tensor_parallelism_needs_its_layers(env, tmp_path):
+    flags = ["--user-script", "tests/distributed/mlp_finetuner.py", "--micro-batch-size", "8",
+             "--global-batch-size", "16", "--epochs", "2", "--lr", "1e-2", "--log-interval", "1", "--no-progress-bar"]
+    status, log = single(flags, env)
+    assert status == 0, log[-3000:]
+    reference = values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)]
+    assert len(reference) == 2 * 16 + 2
+    status, log = msrun(2, ["rapidgpt/cli.py"] + flags, tmp_path / "dp2", env)
+    assert status == 0, log[-3000:]
+    assert_same_run(values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)], reference)
+    status, log = msrun(2, ["rapidgpt/cli.py"] + flags + ["--tensor-model-parallel-size", "2"], tmp_path / "tp2", env)
+    assert status != 0
+    assert "--tensor-model-parallel-size 2: the model (SequentialCell) has no tensor-parallel layers" in log
+
+
 def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path):
     """Pre-emption of a TP=2 job: the launcher passes SIGTERM on; the ranks agree on the step,
     save both pieces, publish, and end cleanly."""

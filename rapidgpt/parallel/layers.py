@@ -17,6 +17,18 @@ from rapidgpt.parallel.random import ParamInit
 from rapidgpt.parallel.state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
 
+def check_tensor_parallel_model(model):
+    """With --tensor-model-parallel-size > 1 the model must hold layers of this module: any other
+    cell would be computed whole on every rank, with none of the work or memory split."""
+    tp = get_tensor_model_parallel_world_size()
+    if tp > 1 and not any(getattr(p, "tensor_model_parallel", False) for p in model.get_parameters()):
+        raise ValueError(
+            f"--tensor-model-parallel-size {tp}: the model ({type(model).__name__}) has no tensor-parallel "
+            f"layers, so every rank would compute all of it; build it from rapidgpt.parallel's "
+            f"ColumnParallelLinear/RowParallelLinear/VocabParallelEmbedding, or use "
+            f"--tensor-model-parallel-size 1 (data parallelism works with any model)")
+
+
 def divide(numerator, denominator, what="size"):
     if numerator % denominator:
         raise ValueError(f"{what} {numerator} is not divisible by tensor-parallel size {denominator}")

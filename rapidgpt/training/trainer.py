@@ -15,6 +15,7 @@ from mindspore import Tensor
 from rapidgpt.global_vars import get_args, get_logger
 from rapidgpt.optim import build_lr_scheduler, build_optimizer
 from rapidgpt.parallel.comm import AllGather, sum_over_ranks
+from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import get_data_parallel_group
 from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_pretrained_weights,
@@ -78,6 +79,7 @@ class Trainer:
             raise TypeError("model_optimizer_lr_scheduler_provider must return (model, optimizer or "
                             "None, lr_scheduler or None)")
         model, optimizer, scheduler = result
+        check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
         if optimizer is None:
             optimizer = build_optimizer(self.args, model.trainable_params())

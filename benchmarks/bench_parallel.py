@@ -1,0 +1,118 @@
+#!/usr/bin/env python
+"""Tensor and data parallelism on 2 processes against 1 process, and their communication share,
+measured in the same run.
+
+Every run is `rapidgpt --task pretraining` on the embedded demo corpus with the same GPT (4 layers,
+hidden 256, 4 heads, seq 128, fp32, dropout 0.1, AdamW) and the same global batch (16 samples):
+
+    1 process              micro batch 8, 2 micro-batches per step, 2 CPU threads
+    TP=2, 2 processes      micro batch 8, 2 micro-batches per step, 1 CPU thread each
+    DP=2, 2 processes      micro batch 8, 1 micro-batch per rank,    1 CPU thread each
+
+Throughput = global batch x seq / the median "elapsed time per iteration" of the iterations after
+--warmup (rank 0's Megatron log lines, --log-interval 1).
+
+Communication share: each 2-process layout runs a second time with every collective replaced by
+the identity (this script re-enters itself as the msrun worker and swaps the all-reduce primitive
+of rapidgpt.parallel.comm, through which every collective of RapidGPT goes, for `nn.Identity`):
+the ranks then do exactly their computation without exchanging anything (the losses are
+meaningless). share = 1 - t(no communication) / t(real). The CPU backend's collectives are
+all-reduces over TCP (MindSpore's mccl); the emulations' zero-filled buffers stay in both runs.
+
+    python benchmarks/bench_parallel.py [--iters 20] [--warmup 5] [--port 29650]
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GLOBAL_BATCH, SEQ = 16, 128
+MODEL = ["--task", "pretraining", "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4",
+         "--seq-length", str(SEQ), "--micro-batch-size", "8", "--global-batch-size", str(GLOBAL_BATCH),
+         "--lr", "1e-3", "--lr-warmup-iters", "2", "--log-interval", "1", "--no-progress-bar",
+         "--max-new-tokens", "0", "--eval-iters", "0", "--seed", "1"]
+ELAPSED = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)")
+WORKER_FLAG = "--worker-without-communication"
+
+
+def run_without_communication(cli_argv):
+    """msrun worker: the rapidgpt CLI with every collective an identity (see the module doc)."""
+    sys.path.insert(0, ROOT)
+    import types
+
+    from mindspore import nn, ops
+
+    from rapidgpt import cli
+    from rapidgpt.parallel import comm
+    comm.ops = types.SimpleNamespace(**{name: getattr(ops, name) for name in dir(ops) if not name.startswith("_")})
+    comm.ops.AllReduce = lambda *args, **kwargs: nn.Identity()
+    return cli.main(cli_argv)
+
+
+def iteration_times(log, warmup):
+    times = {int(it): float(ms) for it, ms in ELAPSED.findall(log)}
+    kept = [ms for it, ms in sorted(times.items()) if it > warmup]
+    if not kept:
+        raise RuntimeError(f"no iteration lines after the warm-up in:\n{log[-3000:]}")
+    return statistics.median(kept)
+
+
+def run(label, nproc, extra, opts, communicate=True):
+    """Median iteration time (ms) of one configuration."""
+    train = MODEL + ["--train-iters", str(opts.warmup + opts.iters)] + extra
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    with tempfile.TemporaryDirectory() as logs:
+        if nproc == 1:
+            command = [sys.executable, "-m", "rapidgpt.cli"] + train + ["--cpu-threads", "2"]
+        elif communicate:
+            command = [sys.executable, "-m", "rapidgpt.cli"] + train + [
+                "--nproc-per-node", str(nproc), "--master-port", str(opts.port), "--log-dir", logs,
+                "--cpu-threads", "1"]
+        else:
+            command = ["msrun", "--worker_num", str(nproc), "--local_worker_num", str(nproc), "--master_port",
+                       str(opts.port), "--log_dir", logs, "--join", "True", "--cluster_time_out", "300",
+                       os.path.abspath(__file__), WORKER_FLAG] + train + ["--cpu-threads", "1"]
+        out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        log = out.stdout
+        if nproc > 1 and os.path.exists(os.path.join(logs, "worker_0.log")):
+            with open(os.path.join(logs, "worker_0.log")) as f:
+                log = f.read()
+    if out.returncode != 0:
+        raise RuntimeError(f"{label} failed ({out.returncode}):\n{(out.stdout + out.stderr)[-3000:]}")
+    median = iteration_times(log, opts.warmup)
+    print(f"  {label:<34} {median:8.1f} ms/iteration  {GLOBAL_BATCH * SEQ / median * 1000:8.1f} tokens/s",
+          flush=True)
+    return median
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == WORKER_FLAG:
+        return run_without_communication(sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iters", type=int, default=20, help="timed iterations per run")
+    parser.add_argument("--warmup", type=int, default=5, help="iterations left out (compile, caches)")
+    parser.add_argument("--port", type=int, default=29650, help="msrun master port")
+    opts = parser.parse_args()
+    print(f"GPT 4 x 256, seq {SEQ}, global batch {GLOBAL_BATCH}, fp32; median of {opts.iters} iterations "
+          f"after {opts.warmup}; {os.cpu_count()} CPU cores")
+    single = run("1 process (baseline)", 1, [], opts)
+    results = {}
+    for name, extra in (("TP=2", ["--tensor-model-parallel-size", "2"]), ("DP=2", [])):
+        real = run(f"{name}, 2 processes", 2, extra, opts)
+        alone = run(f"{name}, 2 processes, no communication", 2, extra, opts, communicate=False)
+        results[name] = real, alone
+    print(f"\n{'layout':<8} {'tokens/s':>9} {'vs 1 process':>13} {'communication share':>20}")
+    print(f"{'1 proc':<8} {GLOBAL_BATCH * SEQ / single * 1000:9.1f} {1.0:12.2f}x {'-':>20}")
+    for name, (real, alone) in results.items():
+        print(f"{name:<8} {GLOBAL_BATCH * SEQ / real * 1000:9.1f} {single / real:12.2f}x "
+              f"{max(0.0, 1 - alone / real):19.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

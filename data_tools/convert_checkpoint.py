@@ -24,8 +24,8 @@ import mindspore as ms  # noqa: E402
 from rapidgpt.arguments import padded_vocab_size  # noqa: E402
 from rapidgpt.parallel.resharding import split_for_rank  # noqa: E402
 from rapidgpt.training.checkpointing import (METADATA, STATE, WEIGHTS, CheckpointError,  # noqa: E402
-                                             find_checkpoint, gathered_tensors, publish_checkpoint,
-                                             rank_dir_name, temporary_dir)
+                                             find_checkpoint, fsync_path, gathered_tensors, iteration_dir,
+                                             publish_checkpoint, rank_dir_name, temporary_dir, write_json)
 
 PROG = "convert_checkpoint.py"
 
@@ -48,40 +48,43 @@ def convert(load, save, target_tp):
         if model.get(flag) and model[flag] % target_tp:
             raise CheckpointError(f"--target-tensor-parallel-size {target_tp} does not divide the checkpoint's "
                                   f"--{flag.replace('_', '-')} {model[flag]}")
-    vocab_rows = None
-    if metadata.get("vocab_size"):
-        vocab_rows = padded_vocab_size(metadata["vocab_size"], model.get("make_vocab_size_divisible_by") or 1,
-                                       target_tp)
-    full = gathered_tensors(source)
     iteration = metadata["iteration"]
+    if os.path.exists(iteration_dir(save, iteration)):
+        raise CheckpointError(f"--save {save} already holds iteration {iteration}; choose another folder")
+    # The padding Megatron gives the vocabulary at the target size.
+    divisible_by = model.get("make_vocab_size_divisible_by") or 1
+    padded = {name: padded_vocab_size(spec[1], divisible_by, target_tp)
+              for name, spec in state["tensor_parallel_layout"].items() if spec[1]}
+    full = gathered_tensors(source)
     tmp = temporary_dir(save, iteration)
     os.makedirs(save, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        _write_pieces(source, tmp, full, state, vocab_rows, target_tp)
+        _write_pieces(source, tmp, full, state, padded, target_tp)
+        metadata["parallel"] = dict(parallel, tensor_model_parallel_size=target_tp, world_size=target_tp)
+        if padded and metadata.get("padded_vocab_size"):
+            metadata["padded_vocab_size"] = max(padded.values())
+        metadata.setdefault("args", {})["tensor_model_parallel_size"] = target_tp
+        write_json(os.path.join(tmp, METADATA), metadata)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    metadata["parallel"] = dict(parallel, tensor_model_parallel_size=target_tp, world_size=target_tp)
-    if vocab_rows is not None:
-        metadata["padded_vocab_size"] = vocab_rows
-    metadata.setdefault("args", {})["tensor_model_parallel_size"] = target_tp
-    with open(os.path.join(tmp, METADATA), "w") as f:
-        json.dump(metadata, f, indent=1, sort_keys=True)
     publish_checkpoint(save, tmp, iteration)
-    return os.path.join(save, os.path.basename(source)), parallel.get("tensor_model_parallel_size", 1)
+    return iteration_dir(save, iteration), parallel.get("tensor_model_parallel_size", 1)
 
 
-def _write_pieces(source, tmp, full, state, vocab_rows, target_tp):
+def _write_pieces(source, tmp, full, state, padded, target_tp):
     """Every target rank's mp_rank_XX folder (weights in the source's format, `state` as its
-    state.json) and the source's other files (tokenizer files kept beside the metadata) into `tmp`."""
+    state.json) and the source's other files (tokenizer files kept beside the metadata) into `tmp`,
+    each file fsync'ed. `padded`: the target's padded rows of each vocabulary-sized tensor."""
     layout = state["tensor_parallel_layout"]
     fmt = "safetensors" if os.path.isfile(os.path.join(source, rank_dir_name(0), f"{WEIGHTS}.safetensors")) \
         else "ckpt"
     for name in os.listdir(source):
         if os.path.isfile(os.path.join(source, name)) and name != METADATA:
             shutil.copy2(os.path.join(source, name), os.path.join(tmp, name))
+            fsync_path(os.path.join(tmp, name))
     for rank in range(target_tp):
         rank_dir = os.path.join(tmp, rank_dir_name(rank))
         os.makedirs(rank_dir)
@@ -90,17 +93,18 @@ def _write_pieces(source, tmp, full, state, vocab_rows, target_tp):
             spec = layout.get(name)
             local_shape = list(value.shape)
             if spec is not None:
-                if spec[1] and vocab_rows:
-                    local_shape[0] = vocab_rows
+                if spec[1]:
+                    local_shape[0] = padded[name]
                 local_shape[spec[0]] //= target_tp
             try:
                 piece = split_for_rank(name, value, spec, tuple(local_shape), rank, target_tp)
             except ValueError as e:
                 raise CheckpointError(f"--target-tensor-parallel-size {target_tp}: {e}") from None
             pieces.append({"name": name, "data": ms.Tensor(piece)})
-        ms.save_checkpoint(pieces, os.path.join(rank_dir, f"{WEIGHTS}.{fmt}"), format=fmt)
-        with open(os.path.join(rank_dir, STATE), "w") as f:
-            json.dump(state, f, indent=1, sort_keys=True)
+        weights = os.path.join(rank_dir, f"{WEIGHTS}.{fmt}")
+        ms.save_checkpoint(pieces, weights, format=fmt)
+        fsync_path(weights)
+        write_json(os.path.join(rank_dir, STATE), state)
 
 
 def main(argv=None):
@@ -112,8 +116,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.target_tensor_parallel_size < 1:
         parser.error("--target-tensor-parallel-size must be >= 1")
-    if os.path.abspath(args.save) == os.path.abspath(args.load):
-        parser.error("--save must differ from --load (the original stays as it is)")
     try:
         path, source_tp = convert(args.load, args.save, args.target_tensor_parallel_size)
     except (CheckpointError, OSError) as e:

@@ -47,7 +47,8 @@ PR_SET_PDEATHSIG = 1
 
 def launch(argv, prepare=None):
     """Validate the flags for nproc-per-node x nnodes processes, run them through msrun, watch them
-    and return the exit status: 0, 1 when a rank or msrun failed, 128 + signal when interrupted.
+    and return the exit status: 0 (also after a Ctrl-C/SIGTERM passed on to ranks that saved and
+    stopped), 1 when a rank or msrun failed, 128 + signal when the job was stopped at once.
     `prepare(args)`: work done once on this node before its ranks start (e.g. the demo corpus)."""
     args = parse_args(argv=argv, launcher=True)
     try:

@@ -155,19 +155,31 @@ def read_latest_safe(save):
         return -1
 
 
-def test_full_disk_during_save_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("failing", ["state.json", "weights"])
+def test_full_disk_during_save_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch, failing):
+    """The disk fills while writing state.json (an OSError) or the weights (safetensors' writer
+    raises its own error type, not an OSError)."""
     import errno
     from rapidgpt.training import checkpointing
     save = str(tmp_path / "ckpt")
     run(capsys, "--train-iters", "2", "--save", save)
-    real_write = checkpointing._write_json
+    real_write, real_save = checkpointing.write_json, checkpointing.ms.save_checkpoint
 
     def full_disk(path, payload):
         if "iter_0000004" in path:
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(path, payload)
 
-    monkeypatch.setattr(checkpointing, "_write_json", full_disk)
+    def full_disk_weights(params, path, **kwargs):
+        if "iter_0000004" in path:
+            raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                               'message: "No space left on device" })')
+        real_save(params, path, **kwargs)
+
+    if failing == "state.json":
+        monkeypatch.setattr(checkpointing, "write_json", full_disk)
+    else:
+        monkeypatch.setattr(checkpointing.ms, "save_checkpoint", full_disk_weights)
     with pytest.raises(checkpointing.CheckpointError,
                        match=r"could not save checkpoint 4 under --save .*: the disk is full; the last complete "
                              r"checkpoint \(iteration 2\) is intact"):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import mindspore as ms
 import numpy as np
+import psutil
 import pytest
 
 from rapidgpt.training.checkpointing import checkpoint_problem, find_checkpoint, gathered_tensors
@@ -206,9 +207,11 @@ def test_any_model_gets_data_parallelism_and_tensor_parallelism_needs_its_layers
     assert "--tensor-model-parallel-size 2: the model (SequentialCell) has no tensor-parallel layers" in log
 
 
-def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path):
-    """Pre-emption of a TP=2 job: the launcher passes SIGTERM on; the ranks agree on the step,
-    save both pieces, publish, and end cleanly."""
+@pytest.mark.parametrize("target", ["launcher", "rank 1"])
+def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path, target):
+    """Pre-emption of a TP=2 job. To the launcher: it passes SIGTERM on to every rank. To rank 1
+    alone: rank 0 learns of it through the per-step agreement. Either way both ranks save their
+    piece at the same step, the checkpoint is published, and the job ends cleanly."""
     save = tmp_path / "ckpt"
     command = [sys.executable, "-m", "rapidgpt.cli"] + TINY + [
         "--train-iters", "100000", "--save", str(save), "--nproc-per-node", "2", "--tensor-model-parallel-size", "2",
@@ -218,13 +221,19 @@ def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path):
         for line in proc.stdout:
             if re.search(r"iteration\s+3/", line):
                 break
-        proc.send_signal(signal.SIGTERM)
+        if target == "launcher":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            (rank_1,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                         if p.environ().get("MS_ROLE") == "MS_WORKER" and p.environ().get("RANK_ID") == "1"]
+            rank_1.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
-    assert "SIGTERM passed on to the ranks" in err
-    stopped = int(re.search(r"exiting at iteration (\d+): received SIGTERM", out).group(1))
+    reason = "received SIGTERM" if target == "launcher" else r"1 other rank\(s\) stopping"
+    assert ("SIGTERM passed on to the ranks" in err) == (target == "launcher")
+    stopped = int(re.search(rf"exiting at iteration (\d+): {reason}", out).group(1))
     assert stopped >= 3 and (save / "latest_checkpointed_iteration.txt").read_text() == str(stopped)
     assert checkpoint_problem(str(save / f"iter_{stopped:07d}")) is None
     assert sorted(p.name for p in (save / f"iter_{stopped:07d}").iterdir()) == ["metadata.json", "mp_rank_00",

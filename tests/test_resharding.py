@@ -14,12 +14,12 @@ def test_gpt_layout_names_every_split_tensor_and_its_optimizer_state():
     model = build_gpt_model(args, 50)
     names = [p.name for p in model.get_parameters()]
     layout = tensor_parallel_layout(model, names + ["adam_m." + n for n in names] + ["adam_step"])
-    assert layout["word_embeddings.weight"] == [0, True]                  # vocabulary rows, padded
-    assert layout["output_layer.weight"] == [0, True]
-    assert layout["layers.0.self_attention.query_key_value.weight"] == [0, False]   # column parallel
-    assert layout["layers.0.self_attention.query_key_value.bias"] == [0, False]
-    assert layout["layers.0.self_attention.dense.weight"] == [1, False]   # row parallel
-    assert layout["adam_m.layers.0.mlp.dense_4h_to_h.weight"] == [1, False]
+    assert layout["word_embeddings.weight"] == [0, 50]                    # 50 vocabulary rows, padded
+    assert layout["output_layer.weight"] == [0, 50]
+    assert layout["layers.0.self_attention.query_key_value.weight"] == [0, None]   # column parallel
+    assert layout["layers.0.self_attention.query_key_value.bias"] == [0, None]
+    assert layout["layers.0.self_attention.dense.weight"] == [1, None]    # row parallel
+    assert layout["adam_m.layers.0.mlp.dense_4h_to_h.weight"] == [1, None]
     # replicated: the row-parallel bias, layer norms, positions, optimizer step
     for name in ("layers.0.self_attention.dense.bias", "position_embeddings.weight", "adam_step"):
         assert name in names + ["adam_step"] and name not in layout
@@ -32,11 +32,11 @@ def pieces_of(full, dim, size):
 @pytest.mark.parametrize("dim", [0, 1])
 def test_two_pieces_become_one_and_four(dim):
     full = np.arange(8 * 12, dtype=np.float32).reshape(8, 12)
-    merged = merge_shards("w", pieces_of(full, dim, 2), [dim, False])
+    merged = merge_shards("w", pieces_of(full, dim, 2), [dim, None])
     np.testing.assert_array_equal(merged, full)
     local_shape = (8 // 4, 12) if dim == 0 else (8, 12 // 4)
     for rank in range(4):
-        np.testing.assert_array_equal(split_for_rank("w", merged, [dim, False], local_shape, rank, 4),
+        np.testing.assert_array_equal(split_for_rank("w", merged, [dim, None], local_shape, rank, 4),
                                       pieces_of(full, dim, 4)[rank])
 
 
@@ -44,10 +44,10 @@ def test_vocabulary_rows_follow_the_padding_of_the_target_size():
     vocab, hidden = 5, 3
     saved = np.zeros((8, hidden), np.float32)                # saved at TP=2, 5 rows padded to 8
     saved[:vocab] = np.arange(vocab * hidden).reshape(vocab, hidden) + 1
-    full = merge_shards("emb", pieces_of(saved, 0, 2), [0, True])
-    cut = split_for_rank("emb", full, [0, True], (6, hidden), 0, 1)          # TP=1 model padded to 6
+    full = merge_shards("emb", pieces_of(saved, 0, 2), [0, vocab])
+    cut = split_for_rank("emb", full, [0, vocab], (6, hidden), 0, 1)          # TP=1 model padded to 6
     np.testing.assert_array_equal(cut, saved[:6])
-    grown = np.concatenate([split_for_rank("emb", full, [0, True], (6, hidden), r, 2) for r in range(2)])
+    grown = np.concatenate([split_for_rank("emb", full, [0, vocab], (6, hidden), r, 2) for r in range(2)])
     assert grown.shape == (12, hidden)                                       # TP=2 model padded to 12
     np.testing.assert_array_equal(grown[:vocab], saved[:vocab])
     assert not grown[vocab:].any()
@@ -59,6 +59,6 @@ def test_replicated_tensors_pass_through_and_undeclared_splits_are_refused():
     assert split_for_rank("b", value, None, (3,), 1, 2) is value
     with pytest.raises(ValueError, match="custom.weight is split over tensor-parallel ranks along an "
                                          "undeclared dimension"):
-        merge_shards("custom.weight", [value, value], [None, False])
+        merge_shards("custom.weight", [value, value], [None, None])
     with pytest.raises(ValueError, match="w: dimension 1 of size 5 cannot be split over 2"):
-        split_for_rank("w", np.zeros((2, 5), np.float32), [1, False], (2, 2), 0, 2)
+        split_for_rank("w", np.zeros((2, 5), np.float32), [1, None], (2, 2), 0, 2)

@@ -83,12 +83,10 @@ def load_pretrained(path):
         except ArgumentError as e:
             raise CheckpointError(str(e)) from None
         metadata = read_metadata(find_checkpoint(path))
-        layout = metadata.get("parallel", {})
-        if layout.get("tensor_model_parallel_size", 1) != 1 or layout.get("pipeline_model_parallel_size", 1) != 1:
-            raise CheckpointError(f"{path} was saved with tensor/pipeline sizes "
-                                  f"{layout.get('tensor_model_parallel_size')}/"
-                                  f"{layout.get('pipeline_model_parallel_size')}; load_pretrained "
-                                  f"reads single-process checkpoints")
+        stages = metadata.get("parallel", {}).get("pipeline_model_parallel_size", 1)
+        if stages != 1:                       # tensor-parallel pieces are merged while loading
+            raise CheckpointError(f"{path} was saved with {stages} pipeline stages; load_pretrained reads "
+                                  f"checkpoints without pipeline stages")
         model = build_gpt_model(args, metadata["vocab_size"])
         initialize_parameters(model, args.seed)
         load_checkpoint(args, model)                     # weights only (no optimizer given)

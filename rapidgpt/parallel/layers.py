@@ -57,7 +57,9 @@ class _ParallelLinear(nn.Cell):
                            partition_dim == 0) if bias else None
         self.param_inits = {"weight": ParamInit(init_std, (output_size, input_size), partition_dim, drawn_rows)}
         if bias:
-            self.param_inits["bias"] = ParamInit(0.0, (output_size,), 0 if partition_dim == 0 else None)
+            column = partition_dim == 0          # a vocabulary-sized output keeps its padding mark
+            self.param_inits["bias"] = ParamInit(0.0, (output_size,), 0 if column else None,
+                                                 drawn_rows if column else None)
         self.matmul = ops.MatMul(transpose_b=True)
         self.tp = tp
 

@@ -30,7 +30,7 @@ import mindspore as ms
 import numpy as np
 
 from rapidgpt import __version__
-from rapidgpt.parallel.comm import sum_over_ranks
+from rapidgpt.parallel.comm import launched_by_msrun, sum_over_ranks
 from rapidgpt.parallel.resharding import merge_shards, split_for_rank, tensor_parallel_layout
 from rapidgpt.parallel.state import get_parallel_state
 
@@ -62,7 +62,7 @@ def rank_dir_name(tp_rank=0, pp_rank=0, pp_size=1):
     return f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
 
 
-def _fsync_path(path):
+def fsync_path(path):
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -70,7 +70,7 @@ def _fsync_path(path):
         os.close(fd)
 
 
-def _write_json(path, payload):
+def write_json(path, payload):
     with open(path, "w") as f:
         json.dump(payload, f, indent=1, sort_keys=True)
         f.flush()
@@ -110,7 +110,8 @@ def model_config(args):
 
 class ExitSignal:
     """SIGTERM/SIGINT (pre-emption, Ctrl-C) during training: remembered, acted on at the next step
-    boundary, where the loop saves a checkpoint and stops cleanly. A second signal is not caught."""
+    boundary, where the loop saves a checkpoint and stops cleanly. A second signal is not caught
+    in a single process; a rank msrun started keeps catching them."""
 
     def __init__(self):
         self.received = None
@@ -123,8 +124,11 @@ class ExitSignal:
 
     def _handle(self, signum, frame):
         self.received = signal.Signals(signum).name
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        # Under msrun a rank may get the same SIGTERM twice (from a cluster scheduler and passed on
+        # by the rapidgpt launcher), and the launcher's own second signal is the hard stop.
+        if not launched_by_msrun():
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
@@ -157,18 +161,18 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
         weights = os.path.join(rank_dir, f"{WEIGHTS}.{args.ckpt_format}")
         ms.save_checkpoint([{"name": name, "data": p} for name, p in params.items()], weights,
                            format=args.ckpt_format)
-        _fsync_path(weights)
-        _write_json(os.path.join(rank_dir, STATE), {
+        fsync_path(weights)
+        write_json(os.path.join(rank_dir, STATE), {
             "iteration": iteration, "consumed_train_samples": consumed_samples,
             "scheduler": scheduler.state_dict() if not args.no_save_optim else None,
             "rng": rng_state() if not args.no_save_rng else None,
             "has_optimizer": not args.no_save_optim,
             "model_parameters": [p.name for p in model.get_parameters()],
             "tensor_parallel_layout": tensor_parallel_layout(model, params)})
-        _fsync_path(rank_dir)
+        fsync_path(rank_dir)
 
     def publish():
-        _write_json(os.path.join(tmp, METADATA), {
+        write_json(os.path.join(tmp, METADATA), {
             "iteration": iteration, "consumed_train_samples": consumed_samples,
             "model": model_config(args), "vocab_size": getattr(model, "vocab_size", None),
             "padded_vocab_size": getattr(model, "padded_vocab_size", None),
@@ -191,7 +195,7 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
         if on_this_rank:
             try:
                 step()
-            except OSError as e:
+            except Exception as e:        # noqa: BLE001 - every rank must reach the count below
                 error = e
         if sum_over_ranks(int(error is not None)):
             if state.rank == 0:
@@ -211,7 +215,7 @@ def publish_checkpoint(save, tmp, iteration):
     """Make the complete checkpoint written in `tmp` iteration `iteration` under `save`: fsync it,
     rename it to iter_XXXXXXX in one step, then replace `latest` (write, fsync, rename)."""
     final = iteration_dir(save, iteration)
-    _fsync_path(tmp)
+    fsync_path(tmp)
     if os.path.exists(final):          # saving an iteration again: swap, never delete first
         trash = f"{final}.old{os.getpid()}"
         os.rename(final, trash)
@@ -219,14 +223,14 @@ def publish_checkpoint(save, tmp, iteration):
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    _fsync_path(save)
+    fsync_path(save)
     latest_tmp = os.path.join(save, f".{LATEST}.tmp{os.getpid()}")
     with open(latest_tmp, "w") as f:
         f.write(str(iteration))
         f.flush()
         os.fsync(f.fileno())
     os.replace(latest_tmp, os.path.join(save, LATEST))
-    _fsync_path(save)
+    fsync_path(save)
 
 
 def _save_failed(save, iteration, error):
@@ -236,10 +240,14 @@ def _save_failed(save, iteration, error):
         else "no earlier checkpoint exists"
     if error is None:
         reason = "another rank could not write its part (its log under --log-dir says why)"
+    elif getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(error):
+        reason = "the disk is full"
     else:
-        reason = "the disk is full" if error.errno in (errno.ENOSPC, errno.EDQUOT) else str(error)
-    return CheckpointError(f"could not save checkpoint {iteration} under --save {save}: {reason}; "
-                           f"{kept}. Free space or point --save elsewhere.")
+        reason = f"{type(error).__name__}: {error}"
+    failure = CheckpointError(f"could not save checkpoint {iteration} under --save {save}: {reason}; "
+                              f"{kept}. Free space or point --save elsewhere.")
+    failure.__cause__ = error
+    return failure
 
 
 def prune_checkpoints(save, keep_last_n, keep):
@@ -391,11 +399,13 @@ class _RankCheckpoint:
         try:
             self.pieces = []
             for rank_dir in dirs:
-                weights, fmt = _weights_file(rank_dir)
-                self.pieces.append(ms.load_checkpoint(weights, format=fmt))
+                found = _weights_file(rank_dir)
+                if found is None:
+                    raise CheckpointError(f"checkpoint {rank_dir}: {WEIGHTS}.ckpt|.safetensors missing or empty")
+                self.pieces.append(ms.load_checkpoint(found[0], format=found[1]))
             with open(os.path.join(dirs[0], STATE)) as f:
                 self.meta = json.load(f)
-        except (OSError, ValueError, RuntimeError, TypeError) as e:
+        except (OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"checkpoint {self.where} cannot be read: {e}") from e
         self.layout = self.meta.get("tensor_parallel_layout", {})
         if self.resharded and "tensor_parallel_layout" not in self.meta:

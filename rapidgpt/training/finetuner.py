@@ -25,7 +25,8 @@ iteration}}. A resumed run competes with the best its earlier part kept.
 import os
 
 from rapidgpt.data.samplers import EpochSampler, SequentialSampler, micro_batches
-from rapidgpt.parallel.state import get_data_parallel_rank, get_data_parallel_world_size
+from rapidgpt.parallel.comm import sum_over_ranks
+from rapidgpt.parallel.state import get_data_parallel_rank, get_data_parallel_world_size, get_parallel_state
 from rapidgpt.training.checkpointing import BEST, best_record, save_checkpoint
 from rapidgpt.training.reporting import report_metrics
 from rapidgpt.training.trainer import Trainer, hook, to_tensors
@@ -124,7 +125,14 @@ class Finetuner(Trainer):
         if name not in metrics:
             raise ValueError(f"--best-metric {name}: run_compute_metrics returned {', '.join(metrics)}; "
                              f"choose one of them")
-        if self.best is not None and self.best["metric"] == name and not metrics[name] > self.best["value"]:
+        better = self.best is None or self.best["metric"] != name or metrics[name] > self.best["value"]
+        # Saving is collective: every rank must take the same decision.
+        agreeing = sum_over_ranks(int(better))
+        if agreeing not in (0, get_parallel_state().world_size):
+            raise ValueError(f"--best-metric {name}: the ranks' run_compute_metrics returned different values "
+                             f"({agreeing} of {get_parallel_state().world_size} found a new best); gather "
+                             f"predictions over data-parallel ranks with self.gather before computing metrics")
+        if not better:
             return
         self.best = {"metric": name, "value": metrics[name], "epoch": epoch, "iteration": iteration}
         path = save_checkpoint(args, iteration, iteration * args.global_batch_size, self.model, self.optimizer,

@@ -200,6 +200,8 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
         if sum_over_ranks(int(error is not None)):
             if state.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
+            if error is not None and not _storage_error(error):
+                raise error                   # a bug rather than the disk: keep its traceback
             raise _save_failed(save, iteration, error)
     if state.rank == 0:
         prune_checkpoints(save, keep_last_n or args.keep_last_n_checkpoints, keep=iteration)
@@ -233,8 +235,14 @@ def publish_checkpoint(save, tmp, iteration):
     fsync_path(save)
 
 
+def _storage_error(error):
+    """An error of the filesystem (safetensors' writer reports a full disk in its own error type)."""
+    return isinstance(error, OSError) or "No space left" in str(error)
+
+
 def _save_failed(save, iteration, error):
-    """The CheckpointError of a failed save (`error`: this rank's OSError, None if another rank's)."""
+    """The CheckpointError of a failed save (`error`: this rank's storage error, None if another
+    rank failed)."""
     previous = read_latest(save)
     kept = f"the last complete checkpoint (iteration {previous}) is intact" if previous is not None \
         else "no earlier checkpoint exists"
@@ -243,7 +251,7 @@ def _save_failed(save, iteration, error):
     elif getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(error):
         reason = "the disk is full"
     else:
-        reason = f"{type(error).__name__}: {error}"
+        reason = str(error)
     failure = CheckpointError(f"could not save checkpoint {iteration} under --save {save}: {reason}; "
                               f"{kept}. Free space or point --save elsewhere.")
     failure.__cause__ = error

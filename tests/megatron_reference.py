@@ -2,8 +2,83 @@
 
 These follow Megatron-LM's gpt_dataset.py / helpers.cpp step by step (loops instead of our
 vectorised code), so a difference between them and rapidgpt.data is a bug in one of them.
+The split and blend sizing below are line-by-line ports of megatron/core/datasets/ at
+NVIDIA/Megatron-LM commit d98e8a64ddf34856e74b24714e3bedb2f5a39553 (Aug 2026): utils.py
+(normalize), blended_megatron_dataset_config.py (parse_and_normalize_split,
+convert_split_vector_to_split_matrix), blended_megatron_dataset_builder.py
+(_build_megatron_dataset_splits' index range, _get_size_per_split_per_dataset, the top-level
+size of a weighted blend) and blended_dataset.py (weights normalised again before blending).
 """
+import functools
+import math
+import re
+
 import numpy as np
+
+SURPLUS = 0.005          # BlendedMegatronDatasetConfig.mid_level_dataset_surplus default
+
+
+def normalize(weights):
+    w = np.array(weights, dtype=np.float64)
+    w_sum = np.sum(w)
+    w = (w / w_sum).tolist()
+    return w
+
+
+def parse_and_normalize_split(split):
+    split = list(map(float, re.findall(r"[.0-9]+", split)))
+    split = split + [0.0 for _ in range(3 - len(split))]
+    assert len(split) == 3
+    assert all(map(lambda _: _ >= 0.0, split))
+    return normalize(split)
+
+
+def convert_split_vector_to_split_matrix(vector_a):
+    vector_b = vector_a
+    expansion_a = functools.reduce(lambda a, b: a + [a[len(a) - 1] + b], [[0], *vector_a])
+    expansion_b = functools.reduce(lambda a, b: a + [a[len(a) - 1] + b], [[0], *vector_b])
+    bookends_a = list(zip(expansion_a[:-1], expansion_a[1:]))
+    bookends_b = list(zip(expansion_b[:-1], expansion_b[1:]))
+    matrix = []
+    for bookend_a, bookend_b in zip(bookends_a, bookends_b):
+        if min(bookend_a[1], bookend_b[1]) <= max(bookend_a[0], bookend_b[0]):
+            overlap = None
+        else:
+            overlap = (max(bookend_a[0], bookend_b[0]), min(bookend_a[1], bookend_b[1]))
+        matrix.append(overlap)
+    return matrix
+
+
+def split_ranges(split, num_elements):
+    """`(beg, end)` of each split's documents, None for a split Megatron does not build."""
+    ranges = []
+    for bookend in convert_split_vector_to_split_matrix(parse_and_normalize_split(split)):
+        if bookend is None:
+            ranges.append(None)
+        else:
+            beg = int(round(bookend[0] * float(num_elements)))
+            end = int(round(bookend[1] * float(num_elements)))
+            ranges.append((beg, end))
+    return ranges
+
+
+def get_size_per_split_per_dataset(normalized_weights, target_size_per_split, surplus=0.0):
+    assert np.isclose(sum(normalized_weights), 1.0)
+    return [
+        [int(math.ceil(math.ceil(target_size * weight) * (1 + surplus)))
+         for target_size in target_size_per_split]
+        for weight in normalized_weights
+    ]
+
+
+def weighted_blend_sizes(raw_weights, sizes):
+    """A weighted `--data-path` blend: per split the top-level size, and per split the sample count
+    each mid-level dataset is built with (`[split][dataset]`), plus the weights the blend uses."""
+    weights = normalize(raw_weights)
+    target = get_size_per_split_per_dataset(weights, sizes)
+    buffer = get_size_per_split_per_dataset(weights, sizes, surplus=SURPLUS)
+    top = [sum(list(zip(*target))[i]) for i in range(len(sizes))]
+    return top, [list(col) for col in zip(*buffer)], weights
 
 
 def num_epochs(tokens_per_epoch, seq_length, num_samples):
@@ -74,6 +149,11 @@ def index_mappings(sizes, documents, num_samples, seq_length, seed):
     n = before_last if separate else sample_idx.shape[0] - 1
     shuffle_idx = shuffle_index(n, sample_idx.shape[0] - 1, rng)
     return doc_idx, sample_idx, shuffle_idx
+
+
+def blended_dataset_indices(weights, size):
+    """BlendedDataset._build_indices with a size: normalise the weights it is given, then blend."""
+    return blending_indices(normalize(weights), size)
 
 
 def blending_indices(weights, size):

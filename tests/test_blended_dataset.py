@@ -4,8 +4,8 @@ import pytest
 
 import megatron_reference as ref
 from rapidgpt.data.blended_dataset import BlendedDataset, blending_indices
-from rapidgpt.data.dataset_builder import build_train_valid_test_datasets, parse_data_path
-from rapidgpt.data.gpt_dataset import GPTDataset, GPTDatasetConfig
+from rapidgpt.data.dataset_builder import blend_sizes, build_train_valid_test_datasets, parse_data_path
+from rapidgpt.data.gpt_dataset import GPTDataset, GPTDatasetConfig, normalize
 from test_gpt_dataset import write_corpus
 
 
@@ -21,7 +21,8 @@ def test_blending_indices_equal_megatron(weights, size):
 
 
 def test_parse_data_path():
-    assert parse_data_path(["corpus"]) == (["corpus"], [1.0])
+    assert parse_data_path(["corpus"]) == (["corpus"], None)
+    assert parse_data_path(["1", "corpus"]) == (["corpus"], [1.0])
     assert parse_data_path("0.3 a 0.7 b") == (["a", "b"], [0.3, 0.7])
     assert parse_data_path(["2", "a", "6", "b"]) == (["a", "b"], [0.25, 0.75])
 
@@ -62,10 +63,107 @@ def test_blend_follows_weights_and_sources(corpora, tmp_path):
     from_b = sum(int(train[i]["tokens"][0]) >= 200 for i in range(len(train)))
     assert from_b == 150
     # Parts get Megatron's 0.5% headroom.
-    assert [d.num_samples for d in train.datasets] == [51, 151]         # ceil(1.005 * w * 200)
+    assert [d.num_samples for d in train.datasets] == [51, 151]         # ceil(1.005 * ceil(w * 200))
     again, _, _ = build_train_valid_test_datasets(
         config(tmp_path), [200, 20, 0], data_path=["0.25", corpora[0], "0.75", corpora[1]], split="9,1,0")
     assert not again.built_cache and again.cache_key == train.cache_key
+
+
+def test_blend_length_is_sum_of_rounded_up_shares(corpora, tmp_path):
+    train, _, _ = build_train_valid_test_datasets(
+        config(tmp_path), [201, 0, 0], data_path=["0.3", corpora[0], "0.7", corpora[1]], split="1")
+    assert len(train) == 61 + 141                                        # ceil(60.3) + ceil(140.7)
+    assert [d.num_samples for d in train.datasets] == [62, 142]         # ceil(1.005 * 61), ceil(1.005 * 141)
+
+
+WEIGHTS = [[0.3, 0.7], [1, 1], [2, 6], [0.25, 0.25, 0.5], [1, 2, 3, 4], [0.1] * 9 + [0.7],
+           [3, 1, 4, 1, 5, 9, 2, 6, 5], [1e-3, 1 - 1e-3], [1.0]]
+
+
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_blend_sizes_equal_megatron_core(weights):
+    """Against the line-by-line port of Megatron-core's sizing, for many sample counts."""
+    ours_weights = parse_data_path([x for w, i in zip(weights, range(len(weights)))
+                                    for x in (str(w), f"p{i}")])[1]
+    counts = list(range(0, 3000)) + [10**k + d for k in range(4, 11) for d in (-1, 0, 1, 3)]
+    for n in counts:
+        top, buffers, megatron_weights = ref.weighted_blend_sizes(weights, [n, 0, 0])
+        assert ours_weights == megatron_weights
+        assert blend_sizes(n, ours_weights) == (top[0], buffers[0]), n
+
+
+@pytest.mark.parametrize("weights,n,split", [([0.3, 0.7], 201, "969,30,1"), ([1, 2, 3], 97, "8,1,1"),
+                                             ([0.5, 0.5], 64, "2,1,1"), ([1.0], 50, "98,2,0")])
+def test_builder_equals_megatron_core(corpora, tmp_path, weights, n, split):
+    """Documents, part sizes, blend length and the blend's index all as Megatron-core builds them."""
+    paths = [corpora[i % 2] for i in range(len(weights))]
+    data_path = [x for w, p in zip(weights, paths) for x in (str(w), p)]
+    sizes = [n, n // 10, 3]
+    datasets = build_train_valid_test_datasets(config(tmp_path), sizes, data_path=data_path, split=split)
+    top, buffers, megatron_weights = ref.weighted_blend_sizes(weights, sizes)
+    for i, blend in enumerate(datasets):
+        ranges = ref.split_ranges(split, 60)                            # both corpora have 60 documents
+        if ranges[i] is None or ranges[i][0] == ranges[i][1]:
+            assert blend is None
+            continue
+        assert isinstance(blend, BlendedDataset) and len(blend) == top[i]
+        assert [d.num_samples for d in blend.datasets] == buffers[i]
+        for part in blend.datasets:
+            assert sorted(set(part.document_index.tolist())) == list(range(*ranges[i]))
+        dataset_index, sample_index = ref.blended_dataset_indices(megatron_weights, top[i])
+        np.testing.assert_array_equal(blend.dataset_index, dataset_index)
+        np.testing.assert_array_equal(blend.dataset_sample_index, sample_index)
+
+
+class Part:
+    """Stands in for a GPTDataset inside a BlendedDataset: a length, a cache key, samples."""
+
+    def __init__(self, name, size):
+        self.cache_key, self.size = name, size
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        return (self.cache_key, i)
+
+
+def test_blend_renormalises_weights_as_megatron(tmp_path):
+    """Megatron normalises the --data-path weights, and its BlendedDataset normalises them again;
+    for 1:6:2 the second pass moves a last bit, which changes where a tie falls in 100 samples."""
+    weights = parse_data_path(["1", "a", "6", "b", "2", "c"])[1]
+    once, _ = ref.blending_indices(weights, 100)
+    twice, twice_samples = ref.blended_dataset_indices(weights, 100)
+    assert not np.array_equal(once, twice)                  # the case really tells them apart
+    blend = BlendedDataset([Part(n, 100) for n in "abc"], weights, 100, str(tmp_path))
+    np.testing.assert_array_equal(blend.dataset_index, twice)
+    np.testing.assert_array_equal(blend.dataset_sample_index, twice_samples)
+    assert blend[5] == ("abc"[twice[5]], twice_samples[5])
+
+
+def test_weighted_single_corpus_is_a_blend_of_one(corpora, tmp_path):
+    """`--data-path 1 PREFIX` goes through Megatron's blend (part built with the surplus), a bare
+    prefix does not; a single --train-data-path corpus is never blended, weighted or not."""
+    blend, _, _ = build_train_valid_test_datasets(config(tmp_path), [100, 0, 0],
+                                                  data_path=["1", corpora[0]], split="1")
+    assert isinstance(blend, BlendedDataset) and len(blend) == 100
+    assert blend.datasets[0].num_samples == 101
+    assert blend.dataset_sample_index.tolist() == list(range(100))
+    plain, _, _ = build_train_valid_test_datasets(config(tmp_path), [100, 0, 0],
+                                                  data_path=[corpora[0]], split="1")
+    assert isinstance(plain, GPTDataset) and plain.num_samples == 100
+    alone, _, _ = build_train_valid_test_datasets(config(tmp_path), [100, 0, 0],
+                                                  train_data_path=["1", corpora[0]])
+    assert isinstance(alone, GPTDataset) and alone.num_samples == 100
+
+
+def test_separate_split_blend_sized_as_megatron(corpora, tmp_path):
+    train, _, _ = build_train_valid_test_datasets(
+        config(tmp_path), [201, 0, 0], train_data_path=["0.3", corpora[0], "0.7", corpora[1]])
+    assert len(train) == 202 and [d.num_samples for d in train.datasets] == [62, 142]
+    with pytest.raises(ValueError, match="the train split blends weighted corpora, which needs a sample count"):
+        build_train_valid_test_datasets(config(tmp_path), [None, 0, 0],
+                                        train_data_path=["0.3", corpora[0], "0.7", corpora[1]])
 
 
 def test_separate_split_paths_use_whole_corpora(corpora, tmp_path):

@@ -26,12 +26,35 @@ def hand_corpus(tmp_path):
 
 
 def test_split_boundaries_megatron_rounding():
+    # Current Megatron-core: split i is [round(c_i * N), round(c_(i+1) * N)), c cumulative weights.
+    assert split_boundaries("969,30,1", 81) == [0, 78, 81, 81]     # legacy rounding gave [0, 79, 81, 81]
     assert split_boundaries("969,30,1", 1000) == [0, 969, 999, 1000]
     assert split_boundaries("969, 30, 1", 10) == [0, 10, 10, 10]
-    # round(5.6)=6, round(0.7)=1, round(0.7)=1 -> [0, 6, 7, 8]; the drift of 1 comes off every bound
-    assert split_boundaries("8,1,1", 7) == [0, 5, 6, 7]
+    assert split_boundaries("8,1,1", 7) == [0, 6, 6, 7]            # round(5.6)=6, round(6.3)=6
     assert split_boundaries("98/2", 100) == [0, 98, 100, 100]
     assert split_boundaries("1", 5) == [0, 5, 5, 5]
+    assert split_boundaries("2,1,1", 2) == [0, 1, 2, 2]             # round(0.5)=0, round(1.5)=2: half to even
+
+
+SPLITS = ["969,30,1", "969, 30, 1", "98,2,0", "99,1", "100,0,0", "8,1,1", "1,1,1", "3,3,4",
+          "0.7,0.2,0.1", "1", "949,50,1", "90,5,5", "1,0,1", "0,1,0", "333,333,334", "7/2/1"]
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_split_boundaries_equal_megatron_core(split):
+    """Against the line-by-line port of Megatron-core's split rule, for every N up to 2000 and a
+    spread of larger ones: equal ranges, and empty exactly where Megatron builds nothing or an
+    empty split."""
+    sizes = list(range(0, 2001)) + [10**k + d for k in range(4, 10) for d in (-1, 0, 1, 7)]
+    for n in sizes:
+        bounds = split_boundaries(split, n)
+        for i, megatron in enumerate(ref.split_ranges(split, n)):
+            ours = (bounds[i], bounds[i + 1])
+            if megatron is None:
+                assert ours[0] == ours[1], (split, n, i)
+            else:
+                assert ours == megatron, (split, n, i)
+        assert bounds[0] == 0 and bounds[-1] == n
 
 
 @pytest.mark.parametrize("bad", ["a,b", "1,2,3,4", "-1,2", "0,0,0", ""])

@@ -2,10 +2,14 @@
 
 Sample i of the mixture comes from the dataset that is furthest behind its target share after
 i samples (greedy: argmax of `weight * max(i, 1) - samples_taken_so_far`, first dataset on ties),
-so every prefix of the mixture follows the weights as closely as integers allow.
+so every prefix of the mixture follows the weights as closely as integers allow. This is
+`build_blending_indices` of Megatron-core's helpers.cpp, applied as its BlendedDataset applies it
+(weights normalised again with numpy, `size` samples), in NVIDIA/Megatron-LM at commit
+d98e8a64ddf3 (Aug 2026).
 """
 import numpy as np
 
+from rapidgpt.data.gpt_dataset import INDEX_FORMAT_VERSION, normalize
 from rapidgpt.data.index_cache import cached_arrays
 
 
@@ -31,7 +35,8 @@ def blending_indices(weights, size):
 
 
 class BlendedDataset:
-    """`size` samples mixed from `datasets` in proportion to `weights` (normalised here).
+    """`size` samples mixed from `datasets` in proportion to `weights` (normalised here, even if
+    they already are: Megatron normalises twice, and the last bits of the weights can move a tie).
 
     Each part must expose `cache_key` (the hash of its own settings) so that the mixture's cache
     changes whenever a part does.
@@ -40,11 +45,11 @@ class BlendedDataset:
     def __init__(self, datasets, weights, size, cache_dir, build_on_this_rank=True, barrier=None):
         if len(datasets) != len(weights) or not datasets:
             raise ValueError("BlendedDataset needs one weight per dataset")
-        total = float(sum(weights))
         self.datasets = datasets
-        self.weights = [w / total for w in weights]
+        self.weights = normalize(weights)
         description = {
-            "class": "BlendedDataset", "weights": self.weights, "size": size,
+            "class": "BlendedDataset", "format": INDEX_FORMAT_VERSION, "weights": self.weights,
+            "size": size,
             "datasets": [d.cache_key for d in datasets],
         }
         arrays, self.cache_key, self.built_cache = cached_arrays(

@@ -1,10 +1,18 @@
-"""From Megatron's data flags to the train/valid/test GPT datasets.
+"""From Megatron's data flags to the train/valid/test GPT datasets, sized as Megatron-core sizes them.
 
-- `--data-path PREFIX` or `--data-path W1 PREFIX1 W2 PREFIX2 ...`: each corpus is cut into
-  train/valid/test document ranges by `--split`; with several corpora each split is a weighted
-  blend, every part built with `ceil(1.005 * weight * N)` samples so the blend never runs short.
-- `--train-data-path / --valid-data-path / --test-data-path`: each split from its own corpora
-  (same weighted syntax), every corpus used whole.
+- `--data-path PREFIX`: the corpus is cut into train/valid/test document ranges by `--split`,
+  split i being documents `[round(c_i * N), round(c_(i+1) * N))` of N, with `c` the cumulative
+  split weights (see gpt_dataset.split_boundaries); a split asked for S samples gets them.
+- `--data-path W1 PREFIX1 W2 PREFIX2 ...`: every corpus is cut the same way, and split i, asked for
+  S samples, is a weighted blend of `sum_j ceil(S * w_j)` samples whose part j is built with
+  `ceil(ceil(S * w_j) * 1.005)` samples (the 0.5% surplus keeps the blend from running short).
+  A single weighted prefix (`1 PREFIX`) is a blend of one part, as in Megatron.
+- `--train-data-path / --valid-data-path / --test-data-path`: each split from its own corpora,
+  every corpus used whole; one prefix is used as is, several are blended as above.
+
+These are the rules of NVIDIA/Megatron-LM's megatron/core/datasets/blended_megatron_dataset_builder.py
+(`BlendedMegatronDatasetBuilder._build_blended_dataset_splits`, `_get_size_per_split_per_dataset`)
+at commit d98e8a64ddf3 (Aug 2026), not those of its older `legacy/data/dataset_utils.py`.
 """
 import math
 import os
@@ -12,20 +20,22 @@ import os
 import numpy as np
 
 from rapidgpt.data.blended_dataset import BlendedDataset
-from rapidgpt.data.gpt_dataset import SPLIT_NAMES, GPTDataset, split_boundaries
+from rapidgpt.data.gpt_dataset import SPLIT_NAMES, GPTDataset, normalize, split_boundaries
 from rapidgpt.data.indexed_dataset import IndexedDataset
 
-# Headroom Megatron gives each part of a blend so that rounding never leaves it short.
-BLEND_MARGIN = 1.005
+# Megatron's mid_level_dataset_surplus: the extra share of samples each part of a blend is built
+# with, so that the blend's greedy interleaving never asks a part for more than it has.
+MID_LEVEL_DATASET_SURPLUS = 0.005
 
 
 def parse_data_path(data_path, flag="--data-path"):
-    """`["prefix"]` or `["0.3", "a", "0.7", "b"]` to `(prefixes, weights)` with weights summing to 1."""
+    """`["prefix"]` to `(["prefix"], None)`; `["0.3", "a", "0.7", "b"]` to `(prefixes, weights)`
+    with the weights normalised to sum 1 (None: no weights given, the corpus is used alone)."""
     if isinstance(data_path, str):
         data_path = data_path.split()
     items = list(data_path or [])
     if len(items) == 1:
-        return items, [1.0]
+        return items, None
     weights = []
     try:
         weights = [float(w) for w in items[0::2]]
@@ -36,8 +46,16 @@ def parse_data_path(data_path, flag="--data-path"):
         raise ValueError(f"{flag}: expected one dataset prefix, or weight/prefix pairs such as "
                          f"'{flag} 0.3 corpus_a_text_document 0.7 corpus_b_text_document'; "
                          f"got {' '.join(items) or 'nothing'}")
-    total = sum(weights)
-    return items[1::2], [w / total for w in weights]
+    return items[1::2], normalize(weights)
+
+
+def blend_sizes(num_samples, weights):
+    """`(blend_size, part_sizes)` of a weighted blend asked for `num_samples` samples: the blend
+    has `sum_j ceil(num_samples * w_j)` samples, part j is built with
+    `ceil(ceil(num_samples * w_j) * (1 + surplus))` (Megatron's target and buffer sizes)."""
+    targets = [int(math.ceil(num_samples * w)) for w in weights]
+    parts = [int(math.ceil(t * (1 + MID_LEVEL_DATASET_SURPLUS))) for t in targets]
+    return sum(targets), parts
 
 
 class _Builder:
@@ -58,18 +76,16 @@ class _Builder:
         return GPTDataset(self.corpus(prefix), split, documents, num_samples, self.config,
                           self.build_on_this_rank, self.barrier)
 
-    def blend(self, prefixes, weights, parts, num_samples):
-        """One part alone is returned as is; several are mixed into `num_samples` samples."""
-        if len(parts) == 1:
-            return parts[0]
+    def weighted(self, name, prefixes, weights, documents, num_samples):
+        """Split `name` as a blend of `prefixes` (the `documents` of each) asked for `num_samples`."""
+        if num_samples is None:
+            raise ValueError(f"the {name} split blends weighted corpora, which needs a sample count "
+                             f"(as in Megatron); give one or use a single corpus")
+        size, part_sizes = blend_sizes(num_samples, weights)
+        parts = [self.gpt(p, name, d, n) for p, d, n in zip(prefixes, documents, part_sizes)]
         cache_dir = self.config.data_cache_path or os.path.join(
             os.path.dirname(os.path.abspath(prefixes[0])), "cache", "BlendedDataset_indices")
-        size = num_samples if num_samples else sum(len(p) for p in parts)
         return BlendedDataset(parts, weights, size, cache_dir, self.build_on_this_rank, self.barrier)
-
-
-def _part_samples(num_samples, weight):
-    return None if num_samples is None else int(math.ceil(num_samples * weight * BLEND_MARGIN))
 
 
 def build_train_valid_test_datasets(config, train_valid_test_num_samples, data_path=None,
@@ -78,7 +94,8 @@ def build_train_valid_test_datasets(config, train_valid_test_num_samples, data_p
     """`[train, valid, test]` datasets (None where a split is empty or asks for 0 samples).
 
     `train_valid_test_num_samples[i]` is how many samples split i must provide; None means one
-    pass over its documents. `build_on_this_rank` / `barrier` make one rank build index caches.
+    pass over its documents (single corpora only). `build_on_this_rank` / `barrier` make one rank
+    build index caches.
     """
     builder = _Builder(config, build_on_this_rank, barrier)
     separate = (train_data_path, valid_data_path, test_data_path)
@@ -96,26 +113,25 @@ def build_train_valid_test_datasets(config, train_valid_test_num_samples, data_p
             n = train_valid_test_num_samples[i]
             if n == 0:
                 continue
-            parts = []
-            for prefix, weight in zip(prefixes, weights):
-                start, stop = bounds[prefix][i], bounds[prefix][i + 1]
-                if stop > start:
-                    documents = np.arange(start, stop, dtype=np.int64)
-                    samples = n if len(prefixes) == 1 else _part_samples(n, weight)
-                    parts.append(builder.gpt(prefix, name, documents, samples))
-            if len(parts) == len(prefixes):
-                datasets[i] = builder.blend(prefixes, weights, parts, n)
-            elif parts:
+            documents = [np.arange(bounds[p][i], bounds[p][i + 1], dtype=np.int64) for p in prefixes]
+            if not any(len(d) for d in documents):
+                continue
+            if not all(len(d) for d in documents):
                 raise ValueError(f"--split {split!r} leaves the {name} split empty for some corpora "
                                  f"of --data-path but not others; use a split every corpus can fill")
+            if weights is None:
+                datasets[i] = builder.gpt(prefixes[0], name, documents[0], n)
+            else:
+                datasets[i] = builder.weighted(name, prefixes, weights, documents, n)
         return datasets
     for i, (name, path) in enumerate(zip(SPLIT_NAMES, separate)):
         n = train_valid_test_num_samples[i]
         if not path or n == 0:
             continue
         prefixes, weights = parse_data_path(path, f"--{name}-data-path")
-        parts = [builder.gpt(p, name, np.arange(len(builder.corpus(p)), dtype=np.int64),
-                             n if len(prefixes) == 1 else _part_samples(n, w))
-                 for p, w in zip(prefixes, weights)]
-        datasets[i] = builder.blend(prefixes, weights, parts, n)
+        documents = [np.arange(len(builder.corpus(p)), dtype=np.int64) for p in prefixes]
+        if len(prefixes) == 1:       # weighted or not, as Megatron: no blend around one corpus
+            datasets[i] = builder.gpt(prefixes[0], name, documents[0], n)
+        else:
+            datasets[i] = builder.weighted(name, prefixes, weights, documents, n)
     return datasets

@@ -23,8 +23,9 @@ import numpy as np
 
 from rapidgpt.data.index_cache import cached_arrays
 
-# Bump when the index algorithm changes so stale caches are not reused.
-INDEX_FORMAT_VERSION = 1
+# Bump when the index algorithm changes so stale caches are not reused. Version 2: split ranges
+# and blend sizes follow current Megatron-core instead of Megatron's legacy rounding.
+INDEX_FORMAT_VERSION = 2
 SPLIT_NAMES = ("train", "valid", "test")
 
 
@@ -47,6 +48,13 @@ class GPTDatasetConfig:
                              "tokenizer's end-of-document id; set a tokenizer (--tokenizer-type)")
 
 
+def normalize(weights):
+    """`weights / sum(weights)` in float64, as Megatron's `utils.normalize` (numpy's sum, so the
+    last bits match Megatron's even with many weights)."""
+    w = np.asarray(weights, dtype=np.float64)
+    return (w / np.sum(w)).tolist()
+
+
 def parse_split(split_string):
     """`--split "969,30,1"` (or "969/30/1", or "98") to three weights normalised to sum 1."""
     text = str(split_string).strip()
@@ -58,18 +66,25 @@ def parse_split(split_string):
     if not weights or len(weights) > 3 or any(w < 0 for w in weights) or sum(weights) <= 0:
         raise ValueError(f"--split {split_string!r}: expected up to three non-negative weights for "
                          f"train,valid,test with a positive sum, e.g. --split 969,30,1")
-    weights += [0.0] * (3 - len(weights))
-    total = sum(weights)
-    return [w / total for w in weights]
+    return normalize(weights + [0.0] * (3 - len(weights)))
 
 
 def split_boundaries(split_string, size):
-    """Document boundaries `[0, a, b, size]` of the train/valid/test ranges, as Megatron rounds them."""
-    bounds = [0]
+    """Boundaries `[0, a, b, c]` of the train/valid/test ranges `[0, a)`, `[a, b)`, `[b, c)` of
+    `size` items, as current Megatron-core cuts them: split i spans
+    `round(cumulative_weight_before_i * size) .. round(cumulative_weight_through_i * size)`.
+
+    Follows megatron/core/datasets/blended_megatron_dataset_config.py (parse_and_normalize_split,
+    convert_split_vector_to_split_matrix) and blended_megatron_dataset_builder.py
+    (_build_megatron_dataset_splits) of NVIDIA/Megatron-LM at commit d98e8a64ddf3 (Aug 2026):
+    the same float sums in the same order and Python's round (half to even). E.g. 81 documents
+    with 969,30,1 give `[0, 78, 81, 81]`; the old `legacy/data/dataset_utils.py` rule gave
+    `[0, 79, 81, 81]`.
+    """
+    cumulative = [0]
     for weight in parse_split(split_string):
-        bounds.append(bounds[-1] + int(round(weight * float(size))))
-    diff = bounds[-1] - size          # rounding drift is taken from every boundary but the first
-    return [bounds[0]] + [b - diff for b in bounds[1:]]
+        cumulative.append(cumulative[-1] + weight)
+    return [int(round(c * float(size))) for c in cumulative]
 
 
 def num_epochs_needed(tokens_per_epoch, seq_length, num_samples):

@@ -1,8 +1,11 @@
 """Blending (--data-path with weights) and the flags-to-datasets builder."""
+import threading
+
 import numpy as np
 import pytest
 
 import megatron_reference as ref
+from rapidgpt.data import blended_dataset, gpt_dataset
 from rapidgpt.data.blended_dataset import BlendedDataset, blending_indices
 from rapidgpt.data.dataset_builder import blend_sizes, build_train_valid_test_datasets, parse_data_path
 from rapidgpt.data.gpt_dataset import GPTDataset, GPTDatasetConfig, normalize
@@ -183,3 +186,94 @@ def test_builder_flag_errors(corpora, tmp_path):
     with pytest.raises(ValueError, match="--valid-data-path: expected one dataset prefix"):
         build_train_valid_test_datasets(config(tmp_path), [1, 1, 1], train_data_path=[corpora[0]],
                                         valid_data_path=["a", "b"])
+
+
+# ---- one rank builds the index caches, the others wait ------------------------------------------
+
+def all_datasets(datasets):
+    """The GPT datasets and blends of a build, flattened."""
+    out = []
+    for d in datasets:
+        if isinstance(d, BlendedDataset):
+            out += d.datasets
+        if d is not None:
+            out.append(d)
+    return out
+
+
+BLEND = dict(train_valid_test_num_samples=[120, 20, 0], split="8,2,0")
+
+
+def test_follower_rank_waits_and_maps_what_the_builder_made(corpora, tmp_path):
+    """Two ranks as two threads meeting at a real barrier: the follower builds nothing, finds every
+    file the builder wrote, and ends with the same indices."""
+    barrier = threading.Barrier(2, timeout=60)          # a mismatched barrier fails instead of hanging
+    data_path = ["0.4", corpora[0], "0.6", corpora[1]]
+    results = {}
+
+    def rank(r):
+        results[r] = build_train_valid_test_datasets(
+            config(tmp_path), data_path=data_path, build_on_this_rank=(r == 0), barrier=barrier.wait, **BLEND)
+
+    follower = threading.Thread(target=rank, args=(1,))
+    follower.start()
+    rank(0)
+    follower.join()
+    built, mapped = all_datasets(results[0]), all_datasets(results[1])
+    assert len(built) == len(mapped) == 6                 # 2 splits x (2 parts + blend)
+    assert all(d.built_cache for d in built) and not any(d.built_cache for d in mapped)
+    for a, b in zip(built, mapped):
+        assert a.cache_key == b.cache_key
+    np.testing.assert_array_equal(results[1][0].dataset_index, results[0][0].dataset_index)
+    assert results[1][0][7]["tokens"].tolist() == results[0][0][7]["tokens"].tolist()
+
+
+def test_non_building_rank_never_builds(corpora, tmp_path, monkeypatch):
+    def must_not_run(*args):
+        raise AssertionError("a non-building rank built an index")
+
+    monkeypatch.setattr(gpt_dataset, "build_gpt_indices", must_not_run)
+    monkeypatch.setattr(blended_dataset, "blending_indices", must_not_run)
+    calls = []
+    with pytest.raises(FileNotFoundError, match="was not built: the building rank failed, or does not share"):
+        build_train_valid_test_datasets(config(tmp_path), data_path=["0.4", corpora[0], "0.6", corpora[1]],
+                                        build_on_this_rank=False, barrier=lambda: calls.append(1), **BLEND)
+    assert calls == [1]                                  # met the builder once, then found nothing
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.fixture
+def job_of_two(monkeypatch):
+    """Pretend to be a rank of a 2-process job: `set_rank(r)`; returns the barrier call log."""
+    from rapidgpt.parallel import comm, state
+    calls = []
+    monkeypatch.setattr(comm, "barrier", lambda: calls.append(1))
+
+    def set_rank(r):
+        monkeypatch.setattr(state, "_STATE", state.ParallelState(world_size=2, rank=r))
+    return set_rank, calls
+
+
+def test_default_protocol_rank_zero_builds_others_wait(corpora, tmp_path, job_of_two):
+    """With no build_on_this_rank/barrier (what GPTPretrainer and user scripts pass), rank 0 of a
+    job builds and every rank calls the job's barrier once per index."""
+    set_rank, calls = job_of_two
+    data_path = ["0.4", corpora[0], "0.6", corpora[1]]
+    set_rank(1)
+    with pytest.raises(FileNotFoundError, match="was not built"):
+        build_train_valid_test_datasets(config(tmp_path), data_path=data_path, **BLEND)
+    assert calls == [1]
+    set_rank(0)
+    built = all_datasets(build_train_valid_test_datasets(config(tmp_path), data_path=data_path, **BLEND))
+    assert all(d.built_cache for d in built) and len(calls) == 1 + 6
+    set_rank(1)
+    mapped = all_datasets(build_train_valid_test_datasets(config(tmp_path), data_path=data_path, **BLEND))
+    assert not any(d.built_cache for d in mapped) and len(calls) == 1 + 6 + 6
+
+
+def test_default_protocol_alone_builds_without_barrier(corpora, tmp_path, monkeypatch):
+    from rapidgpt.parallel import comm, state
+    monkeypatch.setattr(comm, "barrier", lambda: pytest.fail("a single process called a barrier"))
+    monkeypatch.setattr(state, "_STATE", state.ParallelState())
+    train, _, _ = build_train_valid_test_datasets(config(tmp_path), [10, 0, 0], data_path=[corpora[0]])
+    assert train.built_cache

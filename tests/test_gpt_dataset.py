@@ -6,6 +6,7 @@ import megatron_reference as ref
 from rapidgpt.data.gpt_dataset import (GPTDataset, GPTDatasetConfig, build_gpt_indices,
                                        build_sample_index, ltor_masks_and_position_ids,
                                        num_epochs_needed, split_boundaries)
+from rapidgpt.data.index_cache import cached_arrays
 from rapidgpt.data.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 
@@ -212,13 +213,29 @@ def test_one_rank_builds_others_wait(hand_corpus, tmp_path):
     ds, _ = hand_corpus
     config = GPTDatasetConfig(seq_length=3, data_cache_path=str(tmp_path / "c"))
     barrier = CountingBarrier()
-    with pytest.raises(FileNotFoundError, match="was not built; the building rank must share"):
+    with pytest.raises(FileNotFoundError, match="was not built: the building rank failed, or does not share"):
         GPTDataset(ds, "train", np.arange(3), 2, config, build_on_this_rank=False, barrier=barrier)
     assert barrier.calls == 1
     builder = GPTDataset(ds, "train", np.arange(3), 2, config, build_on_this_rank=True, barrier=barrier)
     follower = GPTDataset(ds, "train", np.arange(3), 2, config, build_on_this_rank=False, barrier=barrier)
     assert builder.built_cache and not follower.built_cache and barrier.calls == 3
     np.testing.assert_array_equal(follower.sample_index, builder.sample_index)
+
+
+def test_failed_build_still_releases_the_waiting_ranks(tmp_path):
+    """The building rank meets the barrier even when building raises, so the others stop with an
+    error of their own instead of waiting for it forever."""
+    barrier = CountingBarrier()
+
+    def broken():
+        raise MemoryError("no room for the index")
+
+    with pytest.raises(MemoryError):
+        cached_arrays(str(tmp_path), "Test", {"a": 1}, ("x",), broken, True, barrier)
+    assert barrier.calls == 1
+    with pytest.raises(FileNotFoundError, match="was not built"):
+        cached_arrays(str(tmp_path), "Test", {"a": 1}, ("x",), broken, False, barrier)
+    assert barrier.calls == 2
 
 
 def test_empty_split_is_a_clear_error(hand_corpus, tmp_path):

@@ -71,7 +71,9 @@ class MegatronGPTPretrainer(Pretrainer):
 
         `train_val_test_num_samples` says how many samples each split must yield (train iters x
         global batch, and so on for the evaluations); a split smaller than that wraps around in
-        new epochs, shuffled with --seed, as in Megatron.
+        new epochs, shuffled with --seed, as in Megatron. Every rank calls this; with several
+        ranks, rank 0 builds the index cache while the others wait (the cache directory,
+        --data-cache-path or `cache/` beside the data, must be visible to every rank).
         """
         args = self.args
         tokenizer = get_tokenizer()

@@ -13,6 +13,10 @@
 These are the rules of NVIDIA/Megatron-LM's megatron/core/datasets/blended_megatron_dataset_builder.py
 (`BlendedMegatronDatasetBuilder._build_blended_dataset_splits`, `_get_size_per_split_per_dataset`)
 at commit d98e8a64ddf3 (Aug 2026), not those of its older `legacy/data/dataset_utils.py`.
+
+Index caches are built as Megatron builds them: with several processes global rank 0 builds
+while every other rank waits at a barrier, then all map the same files. The cache directory
+(`--data-cache-path`, or `cache/` beside the data) must therefore be one every rank sees.
 """
 import math
 import os
@@ -58,6 +62,19 @@ def blend_sizes(num_samples, weights):
     return sum(targets), parts
 
 
+def rank_zero_builds():
+    """`(build_on_this_rank, barrier)` of this process: alone it builds and waits for nobody; in a
+    job of several processes only global rank 0 builds and every rank meets at a barrier over all
+    ranks (so each rank must build the same datasets, in the same order)."""
+    # Imported here: rapidgpt.parallel loads MindSpore (~2 s), which the data tools do not need.
+    from rapidgpt.parallel import comm
+    from rapidgpt.parallel.state import get_parallel_state
+    state = get_parallel_state()
+    if state.world_size == 1:
+        return True, None
+    return state.rank == 0, comm.barrier
+
+
 class _Builder:
     """Shared state of one build: config, rank-0-builds protocol, opened corpora."""
 
@@ -90,13 +107,16 @@ class _Builder:
 
 def build_train_valid_test_datasets(config, train_valid_test_num_samples, data_path=None,
                                     split="969,30,1", train_data_path=None, valid_data_path=None,
-                                    test_data_path=None, build_on_this_rank=True, barrier=None):
+                                    test_data_path=None, build_on_this_rank=None, barrier=None):
     """`[train, valid, test]` datasets (None where a split is empty or asks for 0 samples).
 
     `train_valid_test_num_samples[i]` is how many samples split i must provide; None means one
-    pass over its documents (single corpora only). `build_on_this_rank` / `barrier` make one rank
-    build index caches.
+    pass over its documents (single corpora only). Every rank of the job must call this.
+    `build_on_this_rank` / `barrier` say whether this process builds missing index caches and how
+    it waits for the builder; None (default): `rank_zero_builds()`, rank 0 builds, all wait.
     """
+    if build_on_this_rank is None:
+        build_on_this_rank, barrier = rank_zero_builds()
     builder = _Builder(config, build_on_this_rank, barrier)
     separate = (train_data_path, valid_data_path, test_data_path)
     if data_path and any(separate):

@@ -9,6 +9,8 @@
   A single weighted prefix (`1 PREFIX`) is a blend of one part, as in Megatron.
 - `--train-data-path / --valid-data-path / --test-data-path`: each split from its own corpora,
   every corpus used whole; one prefix is used as is, several are blended as above.
+- Any prefix may instead be a MindFormers MindRecord file (`NAME.mindrecord`, see
+  mindrecord_dataset.py): its rows are cut by `--split` like documents, each row one sample.
 
 These are the rules of NVIDIA/Megatron-LM's megatron/core/datasets/blended_megatron_dataset_builder.py
 (`BlendedMegatronDatasetBuilder._build_blended_dataset_splits`, `_get_size_per_split_per_dataset`)
@@ -26,6 +28,8 @@ import numpy as np
 from rapidgpt.data.blended_dataset import BlendedDataset
 from rapidgpt.data.gpt_dataset import SPLIT_NAMES, GPTDataset, normalize, split_boundaries
 from rapidgpt.data.indexed_dataset import IndexedDataset
+from rapidgpt.data.mindrecord_dataset import (MindRecordCorpus, MindRecordGPTDataset,
+                                              is_mindrecord)
 
 # Megatron's mid_level_dataset_surplus: the extra share of samples each part of a blend is built
 # with, so that the blend's greedy interleaving never asks a part for more than it has.
@@ -85,12 +89,18 @@ class _Builder:
         self._corpora = {}
 
     def corpus(self, prefix):
+        """The documents (.bin/.idx) or rows (MindRecord) of `prefix`, opened once."""
         if prefix not in self._corpora:
-            self._corpora[prefix] = IndexedDataset(prefix)
+            self._corpora[prefix] = (MindRecordCorpus(prefix, self.config.seq_length + 1)
+                                     if is_mindrecord(prefix) else IndexedDataset(prefix))
         return self._corpora[prefix]
 
     def gpt(self, prefix, split, documents, num_samples):
-        return GPTDataset(self.corpus(prefix), split, documents, num_samples, self.config,
+        """GPT samples from `documents` (rows of a MindRecord file) of `prefix`."""
+        corpus = self.corpus(prefix)
+        if isinstance(corpus, MindRecordCorpus):
+            return MindRecordGPTDataset(corpus, split, documents, num_samples, self.config)
+        return GPTDataset(corpus, split, documents, num_samples, self.config,
                           self.build_on_this_rank, self.barrier)
 
     def weighted(self, name, prefixes, weights, documents, num_samples):
@@ -124,7 +134,7 @@ def build_train_valid_test_datasets(config, train_valid_test_num_samples, data_p
                          "--valid-data-path/--test-data-path, not both")
     if not data_path and not any(separate):
         raise ValueError("no training data: pass --data-path PREFIX (a Megatron .bin/.idx prefix "
-                         "made by data_tools/preprocess_data.py)")
+                         "made by data_tools/preprocess_data.py, or a MindRecord file)")
     datasets = [None, None, None]
     if data_path:
         prefixes, weights = parse_data_path(data_path)

@@ -24,13 +24,14 @@ import numpy as np
 
 from rapidgpt.data.gpt_dataset import ltor_masks_and_position_ids
 from rapidgpt.data.index_cache import description_hash
-from rapidgpt.errors import UserError
+from rapidgpt.data.indexed_dataset import IndexedDatasetError
 
 MAX_SHARD_DIGITS = 3          # FileWriter allows at most 1000 shards: NAME000 .. NAME999
 
 
-class MindRecordError(UserError, ValueError):
-    """A MindRecord file that cannot serve as GPT data; the message names the file and the problem."""
+class MindRecordError(IndexedDatasetError):
+    """A MindRecord file that cannot serve as GPT data; the message names the file and the problem
+    (a data-file error like those of .bin/.idx files, and reported the same way)."""
 
 
 def is_mindrecord(path):

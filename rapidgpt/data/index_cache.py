@@ -63,7 +63,7 @@ def cached_arrays(cache_dir, kind, description, names, build, build_on_this_rank
         raise FileNotFoundError(
             f"dataset index cache file {missing[0]} was not built: the building rank failed, or "
             f"does not share this directory with this rank (point --data-cache-path at a "
-            f"directory every rank sees)")
+            f"directory every rank sees: with several nodes, one on a shared filesystem)")
     # np.asarray drops the np.memmap subclass (whose per-element indexing is ~10x slower) but keeps
     # the file mapping underneath.
     arrays = {name: np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))

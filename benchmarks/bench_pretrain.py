@@ -12,7 +12,7 @@ number of CPU threads:
    step (bias-corrected AdamW, --clip-grad, finite check), the scheduler, Megatron log lines.
    Iteration times are the wall-clock gaps between the engine's log lines (--log-interval 1),
    so the per-iteration Python work of the trainer and the reporter is counted.
-2. baseline: a plain GPT written below in MindSpore, trained as MINDSPORE_NOTES.md measured the
+2. baseline: a plain GPT written below in MindSpore, trained the way measured on this machine to be the
    fastest: GRAPH_MODE `nn.TrainOneStepCell(nn.WithLossCell(net, loss), nn.AdamWeightDecay)`, the
    batch stacked and converted to Tensors in the loop, the loss read back every step.
 

@@ -23,9 +23,12 @@ import mindspore as ms  # noqa: E402
 
 from rapidgpt.arguments import padded_vocab_size  # noqa: E402
 from rapidgpt.parallel.resharding import split_for_rank  # noqa: E402
-from rapidgpt.training.checkpointing import (METADATA, STATE, WEIGHTS, CheckpointError,  # noqa: E402
-                                             find_checkpoint, fsync_path, gathered_tensors, iteration_dir,
-                                             publish_checkpoint, rank_dir_name, temporary_dir, write_json)
+from rapidgpt.training.checkpoint_files import (METADATA, STATE, WEIGHTS, CheckpointError,  # noqa: E402
+                                                file_record, file_records, find_checkpoint,
+                                                fsync_path, iteration_dir,
+                                                publish_checkpoint, rank_dir_name, temporary_dir,
+                                                write_json)
+from rapidgpt.training.checkpointing import gathered_tensors  # noqa: E402
 
 PROG = "convert_checkpoint.py"
 
@@ -66,6 +69,7 @@ def convert(load, save, target_tp):
         if padded and metadata.get("padded_vocab_size"):
             metadata["padded_vocab_size"] = max(padded.values())
         metadata.setdefault("args", {})["tensor_model_parallel_size"] = target_tp
+        metadata["files"] = file_records(tmp)
         write_json(os.path.join(tmp, METADATA), metadata)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -104,7 +108,7 @@ def _write_pieces(source, tmp, full, state, padded, target_tp):
         weights = os.path.join(rank_dir, f"{WEIGHTS}.{fmt}")
         ms.save_checkpoint(pieces, weights, format=fmt)
         fsync_path(weights)
-        write_json(os.path.join(rank_dir, STATE), state)
+        write_json(os.path.join(rank_dir, STATE), dict(state, weights_file=file_record(weights)))
 
 
 def main(argv=None):

@@ -30,8 +30,8 @@ from rapidgpt.models.hf_gpt2 import (CONFIG, SAFETENSORS, TOKENIZER_FILES, HFCon
                                      eod_id, flags_from_hf_config, flags_of_model, hf_config_from_flags,
                                      hf_to_rapidgpt, load_into_model, read_hf_folder, rapidgpt_to_hf,
                                      tokenizer_files, vocab_file_size, write_safetensors)
-from rapidgpt.training.checkpointing import (LATEST, CheckpointError, find_checkpoint,  # noqa: E402
-                                             read_metadata, save_checkpoint)
+from rapidgpt.training.checkpoint_files import (LATEST, CheckpointError, find_checkpoint, read_metadata)
+from rapidgpt.training.checkpointing import save_checkpoint  # noqa: E402
 
 PROG = "convert_hf_gpt2.py"
 
@@ -58,15 +58,12 @@ def hf_to_checkpoint(hf_dir, save, ckpt_format="ckpt", divisible_by=128):
                      f"tokenizer (text generation will need --tokenizer-type/--vocab-file/--merge-file)")
     args = gpt_args(dict(flags, make_vocab_size_divisible_by=divisible_by))
     args.save, args.ckpt_format, args.no_save_optim, args.no_save_rng = save, ckpt_format, True, True
-    if tokenizer:
+    if tokenizer:                         # save_checkpoint stores the files inside the checkpoint
         args.tokenizer_type = "GPT2BPETokenizer"
-        args.vocab_file, args.merge_file = TOKENIZER_FILES["vocab_file"], TOKENIZER_FILES["merge_file"]
+        args.vocab_file, args.merge_file = tokenizer["vocab_file"], tokenizer["merge_file"]
     model = build_gpt_model(args, flags["vocab_size"])
     load_into_model(model, params)
-    path = save_checkpoint(args, 0, 0, model, None, None)
-    for source in tokenizer.values():
-        shutil.copyfile(source, os.path.join(path, os.path.basename(source)))
-    return path, flags, notes
+    return save_checkpoint(args, 0, 0, model, None, None), flags, notes
 
 
 def checkpoint_to_hf(load, hf_dir):

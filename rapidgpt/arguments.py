@@ -1,26 +1,24 @@
 """Every command-line flag, under its Megatron-LM / Rapidformer name, and their validation.
 
 `parse_args(extra_args_provider, argv)` builds the parser (groups: model, batch, optimizer,
-learning rate, data, checkpoint, logging, engine, parallel, precision, recompute), lets a user
-script add its own flags, parses, then validates everything once: each problem is reported as
-one message that names the flag and the fix, and the program exits with status 2 before any
-work starts. Derived values (padded vocabulary, data-parallel size, micro-batches per step,
-...) are filled in here so that every other module reads one settled namespace.
+learning rate, data, checkpoint, logging, engine, parallel, launcher, Rapidformer), lets a user
+script add its own flags, parses, then validates everything once. Every problem of the command
+line is reported at once, one line each (`rapidgpt: error: <flag>: <what is wrong>; <what to
+do>`, unknown flags with a "did you mean"), and the program exits with status 2 before any work
+starts -- and before MindSpore is imported, so a mistyped flag costs a fraction of a second.
+Derived values (data-parallel size, micro-batches per step, ...) are filled in here so that
+every other module reads one settled namespace.
 """
-import argparse
 import math
 import os
 import sys
 
 from rapidgpt.data.gpt_dataset import parse_split
-from rapidgpt.parallel.comm import launched_by_msrun, launched_world_size
+from rapidgpt.flag_parser import ArgumentError, FlagParser, Problems, report_and_exit
+from rapidgpt.msrun_env import launched_by_msrun, launched_world_size
 
 TASKS = ("pretraining", "text_generation", "sequence_classification")
 DEVICES = ("cpu", "gpu", "ascend")
-
-
-class ArgumentError(ValueError):
-    """A flag (or combination of flags) that cannot work; the message says which and what to do."""
 
 
 def _model_args(parser):
@@ -118,13 +116,13 @@ def _data_args(parser):
 # Flags whose feature arrives in a later release. They parse (so a Megatron launch script reads
 # without surprises) and any non-default value is refused with this explanation.
 NOT_YET = {
-    "this build has tensor and data parallelism; pipeline and sequence parallelism arrive in a "
-    "later release": [
+    "pipeline and sequence parallelism arrive in a later release": [
         ("--pipeline-model-parallel-size", 1),
         ("--num-layers-per-virtual-pipeline-stage", None), ("--sequence-parallel", False)],
     "ZeRO optimizer sharding arrives with the ZeRO release": [
         ("--use-distributed-optimizer", False), ("--zero-1-memory-optimization", False),
-        ("--zero-2-memory-optimization", False), ("--zero-3-memory-optimization", False)],
+        ("--zero-2-memory-optimization", False), ("--zero-3-memory-optimization", False),
+        ("--fsdp-memory-optimization", False)],
     "mixed precision arrives with the precision release; this build trains in fp32": [
         ("--fp16", False), ("--bf16", False), ("--mixed-precision", False), ("--loss-scale", None),
         ("--initial-loss-scale", None), ("--min-loss-scale", None), ("--loss-scale-window", None),
@@ -164,6 +162,28 @@ def _launcher_args(parser):
                    help="the scheduler's port on node 0 (default: $MASTER_PORT; on one node a free port)")
 
 
+# Rapidformer flags that fetch from a hub. RapidGPT downloads nothing: refused with the way out.
+HUB_FLAGS = {
+    "--data-name": "names a Hugging Face datasets-hub dataset",
+    "--dataset-name": "names a Hugging Face datasets-hub dataset",
+    "--dataset-config-name": "names a Hugging Face datasets-hub configuration",
+}
+
+
+def _rapidformer_args(parser):
+    g = parser.add_argument_group("Rapidformer compatibility")
+    g.add_argument("--onnx-runtime-training", action="store_true",
+                   help="accepted: RapidGPT always compiles the training step (mindspore.jit), the "
+                        "role ONNX Runtime training plays in Rapidformer")
+    g.add_argument("--pretrained-model-name-or-path", default=None, metavar="DIR",
+                   help="a local Hugging Face GPT-2 folder (config.json, model.safetensors, "
+                        "vocab.json, merges.txt) or a RapidGPT checkpoint: start from its weights, "
+                        "taking the model and tokenizer flags from it. Nothing is downloaded: hub "
+                        "names are refused")
+    for flag in HUB_FLAGS:
+        g.add_argument(flag, default=None, help="refused: nothing is downloaded (give local files)")
+
+
 def _reserved_args(parser):
     g = parser.add_argument_group("not in this build (refused with an explanation if used)")
     for flags in NOT_YET.values():
@@ -200,9 +220,14 @@ def _checkpoint_args(parser):
     g.add_argument("--keep-last-n-checkpoints", type=int, default=None,
                    help="delete older checkpoints once a newer one is complete")
     g.add_argument("--skip-train", action="store_true", help="with --load: only evaluate")
-    g.add_argument("--override-opt_param-scheduler", dest="override_opt_param_scheduler",
-                   action="store_true", help="on --load, keep this run's LR schedule flags instead of "
-                   "requiring the checkpoint's (e.g. after changing --train-iters)")
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
+                   dest="override_opt_param_scheduler", action="store_true",
+                   help="on --load, continue with this run's LR schedule flags instead of the "
+                        "checkpoint's (e.g. after changing --train-iters)")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
+                   help="on --load, continue with the checkpoint's LR schedule, whatever this run's "
+                        "LR flags say")
 
 
 def _logging_args(parser):
@@ -217,6 +242,14 @@ def _logging_args(parser):
                         "LOG_DIR also keeps msrun's worker_N.log (everything rank N printed), "
                         "scheduler.log and msrun_nodeR.log; default then: ./rapidgpt_logs/DATE-TIME")
     g.add_argument("--no-progress-bar", action="store_true", help="no tqdm bar (e.g. in CI logs)")
+    g.add_argument("--timing-log-level", type=int, choices=[0, 1, 2], default=0,
+                   help="Megatron's timers: 0 none, 1 the phases of a run (set-up, data, model, "
+                        "checkpoint load/save, evaluation) and the step, 2 also its parts")
+    g.add_argument("--timing-log-option", choices=["max", "minmax", "all"], default="minmax",
+                   help="over several ranks: the slowest rank's time, min and max, or every rank's")
+    g.add_argument("--predictions-file", default=None, metavar="FILE",
+                   help="sequence_classification: write one jsonl line of prediction per validation "
+                        "example")
 
 
 def _engine_args(parser):
@@ -239,11 +272,11 @@ def _engine_args(parser):
 
 
 def build_parser(extra_args_provider=None):
-    parser = argparse.ArgumentParser(
-        prog="rapidgpt", allow_abbrev=False,
-        description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's names.")
+    parser = FlagParser(description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's "
+                                    "and Rapidformer's names.")
     for add in (_model_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
-                _logging_args, _engine_args, _parallel_args, _launcher_args, _reserved_args):
+                _logging_args, _engine_args, _parallel_args, _launcher_args, _rapidformer_args,
+                _reserved_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -251,25 +284,32 @@ def build_parser(extra_args_provider=None):
 
 
 def parse_args(extra_args_provider=None, argv=None, launcher=False):
-    """Parse and validate; a bad value exits with status 2 and one message naming the flag.
+    """Parse and validate; any problem exits with status 2, every problem on its own line.
 
     The world size validated against is the job's in a process msrun started, else the one the
-    flags ask for (--nproc-per-node x --nnodes). `launcher`: this is the `rapidgpt` process about
-    to start that many ranks; a user script's own flags are not known to it yet and pass."""
+    flags ask for (--nproc-per-node x --nnodes). `launcher`: this is the `rapidgpt` process
+    before it runs a user script or starts the ranks; the script's own flags are not known to it
+    yet and pass (the script's engine checks them)."""
     parser = build_parser(extra_args_provider)
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_known_args(argv)[0] if launcher else parser.parse_args(argv)
+    args, problems = parser.parse(argv, tolerate_unknown=launcher)
+    check = Problems()
+    check.messages += problems
     try:
+        _resolve_pretrained_model(args, check)
         if args.load or args.pretrained_checkpoint:
-            apply_checkpoint_args(args, given_flags(parser, argv))
+            apply_checkpoint_args(args, given_flags(parser, argv), check)
         requested = args.nproc_per_node * args.nnodes
-        validate_args(args, world_size=launched_world_size() if launched_by_msrun() else requested)
-        _require(launcher or launched_by_msrun() or requested == 1,
-                 f"--nproc-per-node {args.nproc_per_node} x --nnodes {args.nnodes} processes are started "
-                 f"by the rapidgpt command (rapidgpt --user-script FILE ...), which launches them with "
-                 f"msrun; this process runs alone")
+        validate_args(args, world_size=launched_world_size() if launched_by_msrun() else requested,
+                      check=check)
+        check.require(launcher or launched_by_msrun() or requested == 1,
+                      f"--nproc-per-node: {args.nproc_per_node} x --nnodes {args.nnodes} processes are "
+                      f"started by the rapidgpt command, which launches them with msrun; run "
+                      f"'rapidgpt --user-script FILE ...' instead of python FILE")
     except ArgumentError as e:
-        parser.error(str(e))
+        check.messages += [m for m in e.problems if m not in check.messages]
+    if check.messages:
+        report_and_exit(check.messages)
     return args
 
 
@@ -279,168 +319,278 @@ def given_flags(parser, argv):
     return {action.dest for action in parser._actions if written & set(action.option_strings)}
 
 
-def apply_checkpoint_args(args, given):
+def _resolve_pretrained_model(args, check):
+    """Rapidformer's --pretrained-model-name-or-path: a local folder, used as --pretrained-checkpoint
+    (a Hugging Face GPT-2 folder is read as one, see rapidgpt/models/hf_gpt2.py)."""
+    path = args.pretrained_model_name_or_path
+    if path is None:
+        return
+    if not os.path.isdir(path):
+        check.add(f"--pretrained-model-name-or-path: {path} is not a local folder, and RapidGPT downloads "
+                  f"nothing from a model hub; download the model first (e.g. huggingface-cli download "
+                  f"{path} --local-dir DIR) and give DIR")
+    elif check.require(not args.pretrained_checkpoint,
+                       "--pretrained-model-name-or-path: give it or --pretrained-checkpoint, not both; "
+                       "both name the weights to start from"):
+        args.pretrained_checkpoint = path
+
+
+def checkpoint_model_flags(directory):
+    """`(model flags, where)` recorded by the checkpoint or Hugging Face GPT-2 folder `directory`."""
+    from rapidgpt.training.checkpoint_files import find_checkpoint, read_metadata
+    if os.path.isfile(os.path.join(directory, "config.json")):
+        from rapidgpt.models.hf_gpt2 import hf_folder_model_flags
+        return hf_folder_model_flags(directory), os.path.join(directory, "config.json")
+    path = find_checkpoint(directory)
+    return read_metadata(path)["model"], path
+
+
+def apply_checkpoint_args(args, given, check=None):
     """Megatron's --use-checkpoint-args, by default: model flags not given come from the checkpoint
     the run starts from (--load when it holds one, else --pretrained-checkpoint); a given
-    architecture flag that contradicts it is an error."""
-    from rapidgpt.training.checkpointing import (ARCHITECTURE_ARGS, CheckpointError, find_checkpoint,
-                                                 read_metadata, start_checkpoint)
+    architecture flag that contradicts it is an error (all of them are reported)."""
+    from rapidgpt.training.checkpoint_files import ARCHITECTURE_ARGS, CheckpointError, start_checkpoint
+    own = check is None
+    check = check or Problems()
     source, directory = start_checkpoint(args)
     if source is None:
         return                                  # --load holds no checkpoint yet: a fresh start
     try:
-        saved = read_metadata(find_checkpoint(directory, flag=source))["model"]
-    except CheckpointError as e:
-        raise ArgumentError(str(e)) from None
+        saved, where = checkpoint_model_flags(directory)
+    except (CheckpointError, OSError, ValueError) as e:      # HFConversionError is a ValueError
+        check.add(f"{source}: {e}" if not str(e).startswith(source) else str(e))
+        saved = {}
     for name, value in saved.items():
+        flag = "--" + name.replace("_", "-")
         if name not in given:
             setattr(args, name, value)
         elif name in ARCHITECTURE_ARGS and getattr(args, name) != value:
-            flag = "--" + name.replace("_", "-")
-            raise ArgumentError(f"{flag} {getattr(args, name)} contradicts the checkpoint under {source} "
-                                f"{directory}, which has {value}; drop {flag} to use the checkpoint's value")
+            check.add(f"{flag}: {getattr(args, name)} contradicts the checkpoint under {source} {directory}, "
+                      f"which has {value}; drop {flag} to use the checkpoint's value")
+    if saved and args.tokenizer_type:
+        for key in ("vocab_file", "merge_file"):
+            path = getattr(args, key)
+            check.require(path is None or key in given or os.path.isfile(path),
+                          f"--{key.replace('_', '-')}: the checkpoint {where} records {path}, which does "
+                          f"not exist (a checkpoint saved before tokenizer files were stored inside "
+                          f"it); give --{key.replace('_', '-')}")
+    if own:
+        check.raise_if_any()
 
 
-def _require(condition, message):
-    if not condition:
-        raise ArgumentError(message)
+def validate_args(args, world_size=1, check=None):
+    """Check every flag once and fill in derived values. Raises ArgumentError listing every
+    problem (`check`: a Problems collector to add to instead)."""
+    own = check is None
+    check = check or Problems()
+    for section in (_check_refused, _check_model, _check_launch, _check_layout, _check_schedule,
+                    _check_data, _check_checkpointing, _check_task, _check_generation):
+        section(args, check, world_size)
+    if own:
+        check.raise_if_any()
+    return args
 
 
-def validate_args(args, world_size=1):
-    """Check every flag once and fill in derived values. Raises ArgumentError."""
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def _check_refused(args, check, world_size):
     for reason, flags in NOT_YET.items():
         for flag, default in flags:
             value = getattr(args, flag.lstrip("-").replace("-", "_"))
-            _require(value == default, f"{flag}: not supported by this build ({reason}); remove it")
+            check.require(value == default, f"{flag}: not in this build ({reason}); remove it")
+    for flag, what in HUB_FLAGS.items():
+        check.require(getattr(args, flag.lstrip("-").replace("-", "_")) is None,
+                      f"{flag}: {what}, and RapidGPT downloads nothing; convert the data to local files "
+                      f"(.jsonl/.tsv for finetuning, .bin/.idx via data_tools/preprocess_data.py) and "
+                      f"give them with --data-path / --valid-data-path")
 
-    _require(not (args.user_script and args.task), "give either --user-script or --task, not both")
+
+def _check_model(args, check, world_size):
+    check.require(not (args.user_script and args.task),
+                  "--user-script: give either --user-script or --task, not both")
     if args.user_script:
-        _require(os.path.isfile(args.user_script), f"--user-script {args.user_script}: no such file")
-
-    for flag in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
+        check.require(os.path.isfile(args.user_script),
+                      f"--user-script: {args.user_script}: no such file; check the path")
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
                  "log_interval", "eval_interval"):
-        _require(getattr(args, flag) > 0, f"--{flag.replace('_', '-')} must be positive, "
-                                           f"got {getattr(args, flag)}")
-    _require(args.eval_iters >= 0, f"--eval-iters must be >= 0, got {args.eval_iters}")
-    _require(args.hidden_size % args.num_attention_heads == 0,
-             f"--hidden-size {args.hidden_size} must be divisible by --num-attention-heads "
-             f"{args.num_attention_heads}")
+        check.require(getattr(args, name) > 0,
+                      f"{_flag(name)}: must be positive, got {getattr(args, name)}; give a value >= 1")
+    check.require(args.eval_iters >= 0, f"--eval-iters: must be >= 0, got {args.eval_iters}")
+    if args.num_attention_heads > 0:
+        check.require(args.hidden_size % args.num_attention_heads == 0,
+                      f"--hidden-size: {args.hidden_size} is not divisible by --num-attention-heads "
+                      f"{args.num_attention_heads}; choose sizes whose heads are equal")
     args.ffn_hidden_size = args.ffn_hidden_size or 4 * args.hidden_size
     args.max_position_embeddings = args.max_position_embeddings or args.seq_length
-    _require(args.max_position_embeddings >= args.seq_length,
-             f"--max-position-embeddings {args.max_position_embeddings} is smaller than --seq-length "
-             f"{args.seq_length}; raise it or shorten the sequences")
-    for flag in ("hidden_dropout", "attention_dropout"):
-        _require(0.0 <= getattr(args, flag) < 1.0, f"--{flag.replace('_', '-')} must be in [0, 1)")
-    _require(args.make_vocab_size_divisible_by >= 1, "--make-vocab-size-divisible-by must be >= 1")
+    check.require(args.max_position_embeddings >= args.seq_length,
+                  f"--max-position-embeddings: {args.max_position_embeddings} is smaller than --seq-length "
+                  f"{args.seq_length}; raise it or shorten the sequences")
+    for name in ("hidden_dropout", "attention_dropout"):
+        check.require(0.0 <= getattr(args, name) < 1.0,
+                      f"{_flag(name)}: must be in [0, 1), got {getattr(args, name)}")
+    check.require(args.make_vocab_size_divisible_by >= 1,
+                  f"--make-vocab-size-divisible-by: must be >= 1, got {args.make_vocab_size_divisible_by}")
 
-    # Processes: nproc-per-node x nnodes (launched by rapidgpt through msrun).
-    _require(args.nproc_per_node >= 1, f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
-    _require(args.nnodes >= 1, f"--nnodes (or NNODES) must be >= 1, got {args.nnodes}")
-    _require(0 <= args.node_rank < args.nnodes,
-             f"--node-rank (or NODE_RANK) {args.node_rank} is out of range for --nnodes {args.nnodes}: "
-             f"give each node its index 0 .. {args.nnodes - 1}")
-    _require(args.nnodes == 1 or (args.master_addr and args.master_port),
-             f"--nnodes {args.nnodes}: every node needs node 0's address and a port (the same on all "
-             f"nodes); give --master-addr and --master-port (or MASTER_ADDR and MASTER_PORT)")
-    _require(args.master_port is None or 1024 <= args.master_port <= 65535,
-             f"--master-port (or MASTER_PORT) {args.master_port} must be in 1024 .. 65535")
 
-    # Parallel layout: world = TP x PP x DP, DP derived.
+def _check_launch(args, check, world_size):
+    """Processes: nproc-per-node x nnodes (launched by rapidgpt through msrun)."""
+    check.require(args.nproc_per_node >= 1, f"--nproc-per-node: must be >= 1, got {args.nproc_per_node}")
+    if check.require(args.nnodes >= 1, f"--nnodes: must be >= 1 (or NNODES), got {args.nnodes}"):
+        check.require(0 <= args.node_rank < args.nnodes,
+                      f"--node-rank: {args.node_rank} (or NODE_RANK) is out of range for --nnodes "
+                      f"{args.nnodes}; give each node its index 0 .. {args.nnodes - 1}")
+    check.require(args.nnodes == 1 or (args.master_addr and args.master_port),
+                  f"--master-addr: --nnodes {args.nnodes} needs node 0's address and a port (the same on "
+                  f"all nodes); give --master-addr and --master-port (or MASTER_ADDR and MASTER_PORT)")
+    check.require(args.master_port is None or 1024 <= args.master_port <= 65535,
+                  f"--master-port: {args.master_port} (or MASTER_PORT) must be in 1024 .. 65535")
+    check.require(args.cpu_threads is None or args.cpu_threads > 0,
+                  f"--cpu-threads: must be positive, got {args.cpu_threads}")
+
+
+def _check_layout(args, check, world_size):
+    """Parallel layout: world = TP x PP x DP, DP derived; the global batch from micro-batches."""
     args.world_size = world_size
     args.pipeline_model_parallel_size = args.pipeline_model_parallel_size or 1
-    tp = args.tensor_model_parallel_size
-    _require(tp >= 1, f"--tensor-model-parallel-size must be >= 1, got {tp}")
-    model_parallel = tp * args.pipeline_model_parallel_size
-    _require(world_size % model_parallel == 0,
-             f"{world_size} processes cannot be split into --tensor-model-parallel-size {tp} x "
-             f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size} groups; make the "
-             f"number of processes (--nproc-per-node x --nnodes) a multiple of {model_parallel}")
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if not check.require(tp >= 1, f"--tensor-model-parallel-size: must be >= 1, got {tp}"):
+        tp = args.tensor_model_parallel_size = 1
+    model_parallel = tp * pp
+    check.require(world_size % model_parallel == 0,
+                  f"--tensor-model-parallel-size: {world_size} processes cannot be split into groups of "
+                  f"{tp} (TP) x {pp} (PP); make the number of processes (--nproc-per-node x --nnodes) a "
+                  f"multiple of {model_parallel}")
     for flag, size in (("--num-attention-heads", args.num_attention_heads),
                        ("--ffn-hidden-size", args.ffn_hidden_size)):
-        _require(size % tp == 0, f"{flag} {size} is not divisible by --tensor-model-parallel-size "
-                                 f"{tp}: each TP rank holds an equal share")
-    args.data_parallel_size = world_size // model_parallel
-    per_step = args.micro_batch_size * args.data_parallel_size
+        check.require(size % tp == 0, f"{flag}: {size} is not divisible by --tensor-model-parallel-size "
+                                      f"{tp}; each TP rank holds an equal share")
+    args.data_parallel_size = max(1, world_size // model_parallel)
+    per_step = max(1, args.micro_batch_size) * args.data_parallel_size
     if args.global_batch_size is None:
         args.global_batch_size = per_step
-    _require(args.global_batch_size > 0 and args.global_batch_size % per_step == 0,
-             f"--global-batch-size {args.global_batch_size} must be a positive multiple of "
-             f"--micro-batch-size {args.micro_batch_size} x data-parallel size "
-             f"{args.data_parallel_size} = {per_step}")
-    args.num_micro_batches = args.global_batch_size // per_step
+    check.require(args.global_batch_size > 0 and args.global_batch_size % per_step == 0,
+                  f"--global-batch-size: {args.global_batch_size} must be a positive multiple of "
+                  f"--micro-batch-size {args.micro_batch_size} x data-parallel size "
+                  f"{args.data_parallel_size} = {per_step}")
+    args.num_micro_batches = max(1, args.global_batch_size // per_step)
 
-    _require(not (args.train_iters and args.train_samples),
-             "give either --train-iters or --train-samples, not both")
-    if args.train_samples:
+
+def _check_schedule(args, check, world_size):
+    """Training length, optimizer and Megatron's LR schedule flags."""
+    check.require(not (args.train_iters and args.train_samples),
+                  "--train-samples: give either --train-iters or --train-samples, not both")
+    for name in ("train_iters", "train_samples", "epochs"):
+        value = getattr(args, name)
+        check.require(value is None or value > 0, f"{_flag(name)}: must be positive, got {value}")
+    if args.train_samples and args.train_samples > 0 and args.global_batch_size > 0:
         args.train_iters = math.ceil(args.train_samples / args.global_batch_size)
-    for flag in ("train_iters", "epochs"):
-        value = getattr(args, flag)
-        _require(value is None or value > 0, f"--{flag.replace('_', '-')} must be positive, got {value}")
-
     if args.lr is None:
         args.lr = 1e-4 if args.optimizer == "adam" else 1e-2
-    _require(args.lr > 0, f"--lr must be positive, got {args.lr}")
-    _require(0 <= args.min_lr <= args.lr, f"--min-lr {args.min_lr} must be in [0, --lr {args.lr}]")
-    _require(args.clip_grad >= 0, f"--clip-grad must be >= 0 (0 disables clipping), got {args.clip_grad}")
-    _require(args.weight_decay >= 0, f"--weight-decay must be >= 0, got {args.weight_decay}")
-    _require(0 <= args.adam_beta1 < 1 and 0 <= args.adam_beta2 < 1, "--adam-beta1/--adam-beta2 must be in [0, 1)")
-    _require(not (args.lr_warmup_fraction is not None and (args.lr_warmup_iters or args.lr_warmup_samples)),
-             "give either --lr-warmup-fraction or --lr-warmup-iters/--lr-warmup-samples, not both")
+    check.require(args.lr > 0, f"--lr: must be positive, got {args.lr}")
+    check.require(0 <= args.min_lr <= args.lr, f"--min-lr: {args.min_lr} must be in [0, --lr {args.lr}]")
+    check.require(args.clip_grad >= 0, f"--clip-grad: must be >= 0 (0 disables clipping), got {args.clip_grad}")
+    check.require(args.weight_decay >= 0, f"--weight-decay: must be >= 0, got {args.weight_decay}")
+    check.require(0 <= args.adam_beta1 < 1, f"--adam-beta1: must be in [0, 1), got {args.adam_beta1}")
+    check.require(0 <= args.adam_beta2 < 1, f"--adam-beta2: must be in [0, 1), got {args.adam_beta2}")
+    check.require(args.lr_warmup_fraction is None or 0 <= args.lr_warmup_fraction <= 1,
+                  f"--lr-warmup-fraction: must be in [0, 1], got {args.lr_warmup_fraction}")
+    check.require(not (args.lr_warmup_fraction is not None and (args.lr_warmup_iters or args.lr_warmup_samples)),
+                  "--lr-warmup-fraction: give either --lr-warmup-fraction or --lr-warmup-iters/"
+                  "--lr-warmup-samples, not both")
     if args.train_iters and not args.train_samples and args.lr_warmup_iters:
         decay_iters = args.lr_decay_iters or args.train_iters
-        _require(args.lr_warmup_iters <= decay_iters,
-                 f"--lr-warmup-iters {args.lr_warmup_iters} is longer than the decay "
-                 f"({decay_iters} iterations, --lr-decay-iters or --train-iters); shorten the warmup")
+        check.require(args.lr_warmup_iters <= decay_iters,
+                      f"--lr-warmup-iters: {args.lr_warmup_iters} is longer than the decay ({decay_iters} "
+                      f"iterations, --lr-decay-iters or --train-iters); shorten the warmup")
     if args.train_samples and args.lr_warmup_samples:
         decay_samples = args.lr_decay_samples or args.train_samples
-        _require(args.lr_warmup_samples <= decay_samples,
-                 f"--lr-warmup-samples {args.lr_warmup_samples} is longer than the decay "
-                 f"({decay_samples} samples); shorten the warmup")
+        check.require(args.lr_warmup_samples <= decay_samples,
+                      f"--lr-warmup-samples: {args.lr_warmup_samples} is longer than the decay "
+                      f"({decay_samples} samples); shorten the warmup")
     # Iteration-based and sample-based schedule flags do not mix (Megatron would ignore one kind).
     if args.train_samples:
-        _require(args.lr_decay_iters is None and not args.lr_warmup_iters,
-                 "with --train-samples give the schedule in samples: --lr-decay-samples, "
-                 "--lr-warmup-samples (not --lr-decay-iters/--lr-warmup-iters)")
+        check.require(args.lr_decay_iters is None and not args.lr_warmup_iters,
+                      "--lr-decay-iters: with --train-samples give the schedule in samples: "
+                      "--lr-decay-samples, --lr-warmup-samples (not --lr-decay-iters/--lr-warmup-iters)")
     else:
-        _require(args.lr_decay_samples is None and not args.lr_warmup_samples,
-                 "--lr-decay-samples/--lr-warmup-samples go with --train-samples; with --train-iters "
-                 "use --lr-decay-iters/--lr-warmup-iters")
+        check.require(args.lr_decay_samples is None and not args.lr_warmup_samples,
+                      "--lr-decay-samples: --lr-decay-samples/--lr-warmup-samples go with --train-samples; "
+                      "with --train-iters use --lr-decay-iters/--lr-warmup-iters")
+    check.require(not (args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler),
+                  "--override-opt_param-scheduler: give it or --use-checkpoint-opt_param-scheduler, not "
+                  "both (this run's schedule, or the checkpoint's)")
 
+
+def _check_data(args, check, world_size):
     try:
         parse_split(args.split)
     except ValueError as e:
-        raise ArgumentError(str(e)) from None
+        check.add(f"--split: {e}")
     if args.tokenizer_type:
-        _require(args.vocab_file, f"--vocab-file is required for --tokenizer-type {args.tokenizer_type}")
-        _require(args.tokenizer_type != "GPT2BPETokenizer" or args.merge_file,
-                 "--merge-file is required for --tokenizer-type GPT2BPETokenizer")
-    _require(args.save_interval is None or (args.save_interval > 0 and args.save),
-             "--save-interval needs --save DIR and a positive interval")
-    for flag in ("exit_interval", "exit_duration_in_mins", "keep_last_n_checkpoints"):
-        value = getattr(args, flag)
-        _require(value is None or value > 0, f"--{flag.replace('_', '-')} must be positive, got {value}")
-    _require(not (args.skip_train and not args.load), "--skip-train evaluates a checkpoint: give --load")
-    _require(not (args.finetune and not args.load), "--finetune loads weights: give --load")
-    _require(args.num_classes is None or args.num_classes >= 2, f"--num-classes must be >= 2, got {args.num_classes}")
+        kind = args.tokenizer_type
+        if check.require(args.vocab_file, f"--vocab-file: required for --tokenizer-type {kind}; give "
+                                          f"the tokenizer's {'vocab.json' if kind == 'GPT2BPETokenizer' else 'vocab.txt'}"):
+            check.require(os.path.isfile(args.vocab_file), f"--vocab-file: {args.vocab_file}: no such file; "
+                                                           f"check the path")
+        if kind == "GPT2BPETokenizer" and check.require(
+                args.merge_file, "--merge-file: required for --tokenizer-type GPT2BPETokenizer; give the "
+                                 "merges.txt that goes with --vocab-file"):
+            check.require(os.path.isfile(args.merge_file), f"--merge-file: {args.merge_file}: no such file; "
+                                                           f"check the path")
+    check.require(args.num_workers >= 0, f"--num-workers: must be >= 0, got {args.num_workers}")
+
+
+def _check_checkpointing(args, check, world_size):
+    from rapidgpt.training.checkpoint_files import save_dir_problem
+    if args.save:
+        problem = save_dir_problem(args.save)
+        check.require(problem is None, f"--save: {args.save}: {problem}")
+    check.require(args.save_interval is None or (args.save_interval > 0 and args.save),
+                  "--save-interval: needs --save DIR and a positive interval")
+    for name in ("exit_interval", "exit_duration_in_mins", "keep_last_n_checkpoints"):
+        value = getattr(args, name)
+        check.require(value is None or value > 0, f"{_flag(name)}: must be positive, got {value}")
+    check.require(not (args.skip_train and not args.load),
+                  "--skip-train: evaluates a checkpoint; give --load DIR")
+    check.require(not (args.finetune and not args.load), "--finetune: loads weights; give --load DIR")
+    check.require(args.predictions_file is None or args.task == "sequence_classification",
+                  "--predictions-file: written by --task sequence_classification; remove it")
+
+
+def _check_task(args, check, world_size):
+    check.require(args.num_classes is None or args.num_classes >= 2,
+                  f"--num-classes: must be >= 2, got {args.num_classes}")
+    if args.task == "pretraining":
+        check.require(not (args.tokenizer_type or "").startswith("Bert"),
+                      f"--tokenizer-type: {args.tokenizer_type} is a BERT tokenizer, but --task pretraining "
+                      f"trains the built-in GPT, and this build has no BERT model; use GPT2BPETokenizer")
     if args.task == "sequence_classification":
-        _require(args.data_path or args.train_data_path,
-                 "--task sequence_classification needs the training data: --data-path TRAIN.jsonl|.tsv")
-        _require(not (args.data_path and args.train_data_path),
-                 "give the training data with --data-path or --train-data-path, not both")
-        _require(args.epochs or args.train_iters, "--task sequence_classification needs --epochs N "
-                                                  "(or --train-iters)")
-        _require(args.best_metric in (None, "accuracy", "f1"),
-                 f"--best-metric {args.best_metric}: sequence_classification reports accuracy and f1")
-    _require(args.num_workers >= 0, f"--num-workers must be >= 0, got {args.num_workers}")
-    _require(args.max_new_tokens >= 0, f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    _require(args.top_k >= 0, f"--top-k must be >= 0 (0: greedy), got {args.top_k}")
-    _require(args.temperature > 0, f"--temperature must be positive, got {args.temperature}")
-    _require(0.0 <= args.top_p <= 1.0, f"--top-p must be in [0, 1] (0: off), got {args.top_p}")
-    _require(args.prompts_file is None or os.path.isfile(args.prompts_file),
-             f"--prompts-file {args.prompts_file}: no such file")
-    _require(args.cpu_threads is None or args.cpu_threads > 0, "--cpu-threads must be positive")
-    return args
+        evaluating = args.skip_train and args.load
+        check.require(evaluating or args.data_path or args.train_data_path,
+                      "--data-path: --task sequence_classification needs the training data; give "
+                      "--data-path TRAIN.jsonl|.tsv (or --skip-train --load DIR to evaluate)")
+        check.require(not (args.data_path and args.train_data_path),
+                      "--train-data-path: give the training data with --data-path or --train-data-path, "
+                      "not both")
+        check.require(evaluating or args.epochs or args.train_iters,
+                      "--epochs: --task sequence_classification needs --epochs N (or --train-iters)")
+        check.require(not evaluating or args.valid_data_path,
+                      "--valid-data-path: --skip-train evaluates on the validation data; give "
+                      "--valid-data-path FILE.jsonl|.tsv")
+        check.require(args.best_metric in (None, "accuracy", "f1"),
+                      f"--best-metric: {args.best_metric}: sequence_classification reports accuracy and "
+                      f"f1; choose one")
+
+
+def _check_generation(args, check, world_size):
+    check.require(args.max_new_tokens >= 0, f"--max-new-tokens: must be >= 0, got {args.max_new_tokens}")
+    check.require(args.top_k >= 0, f"--top-k: must be >= 0 (0: greedy), got {args.top_k}")
+    check.require(args.temperature > 0, f"--temperature: must be positive, got {args.temperature}")
+    check.require(0.0 <= args.top_p <= 1.0, f"--top-p: must be in [0, 1] (0: off), got {args.top_p}")
+    check.require(args.prompts_file is None or os.path.isfile(args.prompts_file),
+                  f"--prompts-file: {args.prompts_file}: no such file; check the path")
 
 
 def padded_vocab_size(vocab_size, divisible_by, tensor_parallel_size=1):

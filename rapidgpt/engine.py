@@ -12,13 +12,15 @@ import mindspore as ms
 import numpy as np
 
 from rapidgpt.arguments import parse_args
-from rapidgpt.global_vars import set_global_variables
+from rapidgpt.flag_parser import ArgumentError
+from rapidgpt.global_vars import get_logger, set_global_variables
 from rapidgpt.optim import build_lr_scheduler, build_optimizer
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import ParallelState, initialize_parallel_state
 from rapidgpt.tokenizer import build_tokenizer
+from rapidgpt.training.checkpoint_files import TOKENIZER_FILE_ARGS, remember_tokenizer_files
 from rapidgpt.training.compose import ComposedOptimizer
 
 MINDSPORE_DEVICE = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
@@ -76,7 +78,13 @@ class RapidGPTEngine:
             pipeline_model_parallel_size=args.pipeline_model_parallel_size)
         initialize_parallel_state(state, groups=self._groups(state) if world_size > 1 else None)
         self.tokenizer = build_tokenizer(args) if args.tokenizer_type else None
+        # Checkpoints embed the tokenizer files; read now, they are saved even if their source
+        # (e.g. a checkpoint this run resumed from) is pruned or deleted later.
+        remember_tokenizer_files({key: getattr(args, key) for key in TOKENIZER_FILE_ARGS})
         set_global_variables(args, self.tokenizer, rank=rank)
+        if args.onnx_runtime_training:
+            get_logger().info(" --onnx-runtime-training: RapidGPT always compiles the training step "
+                              "(mindspore.jit); nothing more to switch on")
 
     @staticmethod
     def _groups(state):
@@ -93,6 +101,9 @@ class RapidGPTEngine:
         forward/backward/clip/update at the scheduler's learning rate and returns the loss, and the
         scheduler (built from the flags when None; advance it with `lr_scheduler.step(samples)`).
         """
+        if lr_scheduler is None and not self.args.train_iters:
+            raise ArgumentError("--train-iters: engine.compose builds the LR schedule, which decays over "
+                                "--train-iters (or --train-samples); give one, or pass your lr_scheduler")
         check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
         model.set_train(True)          # MindSpore cells start in eval mode (no dropout)

@@ -68,16 +68,57 @@ class Timer:
         return value
 
 
+class _NullTimer:
+    """A timer above --timing-log-level: costs nothing, measures nothing."""
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def elapsed(self, reset=True):
+        return 0.0
+
+
 class Timers:
-    """`timers("name").start()/.stop()`, `timers("name").elapsed()`, as Megatron's."""
+    """Megatron's timers: `timers("name", log_level).start()/.stop()`; a timer whose level is above
+    --timing-log-level is a no-op. `log(names)` gives Megatron's block of times across ranks
+    (`--timing-log-option`: the slowest rank's, min and max, or every rank's)."""
 
-    def __init__(self):
+    def __init__(self, log_level=0, log_option="minmax"):
         self._timers = {}
+        self.log_level, self.log_option = log_level, log_option
+        self._null = _NullTimer()
 
-    def __call__(self, name):
+    def __call__(self, name, log_level=0):
+        if log_level > self.log_level:
+            return self._null
         if name not in self._timers:
             self._timers[name] = Timer()
         return self._timers[name]
+
+    def log(self, names, normalizer=1.0, reset=True):
+        """The text Megatron prints for timers `names` (ms, divided by `normalizer`), every rank's
+        times gathered (a collective: every rank calls it); None if none of them ran."""
+        from rapidgpt.parallel.comm import gather_over_ranks
+        names = [name for name in names if name in self._timers]
+        if not names:
+            return None
+        times = gather_over_ranks([self._timers[n].elapsed(reset) * 1000.0 / normalizer for n in names])
+        if self.log_option == "max":
+            lines = ["(max) time across ranks (ms):"]
+            lines += [f"    {(n + ' ').ljust(48, '.')}: {times[:, i].max():.2f}" for i, n in enumerate(names)]
+        elif self.log_option == "minmax":
+            lines = ["(min, max) time across ranks (ms):"]
+            lines += [f"    {(n + ' ').ljust(48, '.')}: ({times[:, i].min():.2f}, {times[:, i].max():.2f})"
+                      for i, n in enumerate(names)]
+        else:
+            lines = ["times across ranks (ms):"]
+            for i, n in enumerate(names):
+                lines.append(f"  {n}:")
+                lines += [f"     rank {r:2d}: {times[r, i]:.2f}" for r in range(len(times))]
+        return "\n".join(lines)
 
 
 def is_console_rank():
@@ -108,7 +149,8 @@ def _build_logger(log_dir, rank):
 
 def set_global_variables(args, tokenizer, rank=0):
     global _ARGS, _TOKENIZER, _TIMERS, _LOGGER, _TENSORBOARD_WRITER, _RANK
-    _ARGS, _TOKENIZER, _TIMERS, _RANK = args, tokenizer, Timers(), rank
+    _ARGS, _TOKENIZER, _RANK = args, tokenizer, rank
+    _TIMERS = Timers(getattr(args, "timing_log_level", 0), getattr(args, "timing_log_option", "minmax"))
     _LOGGER = _build_logger(args.log_dir, rank)
     _TENSORBOARD_WRITER = None
     if args.tensorboard_dir and rank == 0:

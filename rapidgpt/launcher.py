@@ -194,7 +194,7 @@ class Job:
 
     def _watch(self):
         """Until msrun ends (None) or reports a failed worker ((pid, code)). The first Ctrl-C or
-        SIGTERM is passed on to this node's workers as SIGTERM: in training they save (with --save)
+        SIGTERM is passed on to this node's workers as it came: in training they save (with --save)
         and stop at the next step boundary, every rank at the same one; a second signal, or one
         before every worker is known, stops the job at once (raises _Interrupted)."""
         msrun_lines = Follow(self.msrun_log)
@@ -204,7 +204,7 @@ class Job:
                 self._echo()
                 for line in msrun_lines.lines():
                     failed = WORKER_FAILED.search(line)
-                    if failed and self.passed_on and int(failed.group(2)) == -signal.SIGTERM:
+                    if failed and self.passed_on and int(failed.group(2)) == -self.passed_on:
                         raise _Interrupted(self.passed_on)     # a worker outside training just ends
                     if failed:
                         return int(failed.group(1)), int(failed.group(2))
@@ -214,9 +214,9 @@ class Job:
                     raise
                 self.passed_on = e.signum
                 name = signal.Signals(e.signum).name
-                for pid in self.rank_of:
+                for pid in self.rank_of:        # the same signal, so the ranks report what happened
                     try:
-                        os.kill(pid, signal.SIGTERM)
+                        os.kill(pid, e.signum)
                     except ProcessLookupError:
                         pass
                 print(f"rapidgpt: {name} passed on to the ranks: they save (with --save) and stop at the next "

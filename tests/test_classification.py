@@ -15,8 +15,8 @@ from rapidgpt.data.classification import (ClassificationDataError, Classificatio
                                           classification_datasets, label_names, read_examples)
 from rapidgpt.tasks.pretraining import main as pretrain_main
 from rapidgpt.tasks.sequence_classification import main as classify_main
-from rapidgpt.training.checkpointing import (BEST, CheckpointError, iteration_dir, load_pretrained_weights,
-                                             read_metadata, save_checkpoint)
+from rapidgpt.training.checkpoint_files import BEST, CheckpointError, iteration_dir, read_metadata
+from rapidgpt.training.checkpointing import load_pretrained_weights, save_checkpoint
 from rapidgpt.training.metrics import classification_metrics, evaluate_classification
 
 
@@ -281,13 +281,13 @@ def test_finetuning_resumes_mid_epoch_exactly(tmp_path, capsys, pretrained, data
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "--task sequence_classification needs the training data: --data-path TRAIN.jsonl|.tsv"),
-    (["--data-path", "t.jsonl"], "--task sequence_classification needs --epochs N (or --train-iters)"),
+    ([], "--data-path: --task sequence_classification needs the training data; give --data-path TRAIN.jsonl|.tsv"),
+    (["--data-path", "t.jsonl"], "--epochs: --task sequence_classification needs --epochs N (or --train-iters)"),
     (["--data-path", "t.jsonl", "--train-data", "u.jsonl", "--epochs", "1"],
-     "give the training data with --data-path or --train-data-path, not both"),
+     "--train-data-path: give the training data with --data-path or --train-data-path, not both"),
     (["--data-path", "t.jsonl", "--epochs", "1", "--best-metric", "loss"],
-     "--best-metric loss: sequence_classification reports accuracy and f1"),
-    (["--data-path", "t.jsonl", "--epochs", "1", "--num-classes", "1"], "--num-classes must be >= 2, got 1"),
+     "--best-metric: loss: sequence_classification reports accuracy and f1"),
+    (["--data-path", "t.jsonl", "--epochs", "1", "--num-classes", "1"], "--num-classes: must be >= 2, got 1"),
 ])
 def test_task_flag_errors(argv, message, capsys):
     with pytest.raises(SystemExit):

@@ -1,6 +1,8 @@
 """The single-process engine: flags, templates, GPT vs numpy, compiled step semantics, log lines."""
 import math
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -34,23 +36,23 @@ def validate(*argv):
 
 @pytest.mark.parametrize("argv,message", [
     (["--hidden-size", "30", "--num-attention-heads", "4"],
-     "--hidden-size 30 must be divisible by --num-attention-heads 4"),
+     "--hidden-size: 30 is not divisible by --num-attention-heads 4"),
     (["--micro-batch-size", "3", "--global-batch-size", "8"],
-     "--global-batch-size 8 must be a positive multiple of --micro-batch-size 3"),
-    (["--train-iters", "5", "--train-samples", "40"], "give either --train-iters or --train-samples"),
+     "--global-batch-size: 8 must be a positive multiple of --micro-batch-size 3"),
+    (["--train-iters", "5", "--train-samples", "40"], "--train-samples: give either --train-iters or --train-samples"),
     (["--seq-length", "64", "--max-position-embeddings", "32"],
-     "--max-position-embeddings 32 is smaller than --seq-length 64"),
-    (["--lr", "1e-3", "--min-lr", "1e-2"], "--min-lr 0.01 must be in [0, --lr 0.001]"),
-    (["--split", "a,b"], "--split 'a,b': expected up to three non-negative weights"),
-    (["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json"], "--merge-file is required"),
-    (["--hidden-dropout", "1.0"], "--hidden-dropout must be in [0, 1)"),
-    (["--tensor-model-parallel-size", "2"], "1 processes cannot be split into --tensor-model-parallel-size 2"),
-    (["--fp16"], "--fp16: not supported by this build (mixed precision arrives"),
-    (["--save-interval", "5"], "--save-interval needs --save DIR"),
-    (["--skip-train"], "--skip-train evaluates a checkpoint: give --load"),
-    (["--exit-interval", "0"], "--exit-interval must be positive"),
-    (["--recompute-granularity", "full"], "--recompute-granularity: not supported by this build"),
-    (["--user-script", "nope.py"], "--user-script nope.py: no such file"),
+     "--max-position-embeddings: 32 is smaller than --seq-length 64"),
+    (["--lr", "1e-3", "--min-lr", "1e-2"], "--min-lr: 0.01 must be in [0, --lr 0.001]"),
+    (["--split", "a,b"], "--split: --split 'a,b': expected up to three non-negative weights"),
+    (["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json"], "--merge-file: required for --tokenizer-type GPT2BPETokenizer"),
+    (["--hidden-dropout", "1.0"], "--hidden-dropout: must be in [0, 1)"),
+    (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size: 1 processes cannot be split into groups of 2 (TP)"),
+    (["--fp16"], "--fp16: not in this build (mixed precision arrives"),
+    (["--save-interval", "5"], "--save-interval: needs --save DIR"),
+    (["--skip-train"], "--skip-train: evaluates a checkpoint; give --load"),
+    (["--exit-interval", "0"], "--exit-interval: must be positive"),
+    (["--recompute-granularity", "full"], "--recompute-granularity: not in this build"),
+    (["--user-script", "nope.py"], "--user-script: nope.py: no such file"),
 ])
 def test_flag_errors_name_the_flag(argv, message):
     with pytest.raises(ArgumentError) as e:
@@ -62,7 +64,36 @@ def test_parse_args_exits_2_with_one_message(capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(argv=["--num-layers", "0"])
     assert e.value.code == 2
-    assert "error: --num-layers must be positive, got 0" in capsys.readouterr().err
+    assert "error: --num-layers: must be positive, got 0" in capsys.readouterr().err
+
+
+def test_every_problem_is_reported_at_once_in_one_line_each(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv=["--num-layer", "3", "--lr", "abc", "--optimizer", "adamw", "--hidden-size", "30",
+                         "--fp16", "--vocab-file", "/no/such/vocab.json", "--tokenizer-type", "GPT2BPETokenizer",
+                         "--merge-file", "/no/such/merges.txt", "stray"])
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().split("\n")
+    assert lines[-1] == "rapidgpt: see 'rapidgpt --help' for every flag"
+    assert sorted(lines[:-1]) == sorted([
+        "rapidgpt: error: --num-layer: unknown flag; did you mean --num-layers?",
+        "rapidgpt: error: --lr: 'abc' is not a number; give e.g. --lr 0.1",
+        "rapidgpt: error: --optimizer: 'adamw' is not one of the choices; did you mean adam? choose one of adam, sgd",
+        "rapidgpt: error: --hidden-size: 30 is not divisible by --num-attention-heads 4; choose sizes whose "
+        "heads are equal",
+        "rapidgpt: error: --fp16: not in this build (mixed precision arrives with the precision release; this "
+        "build trains in fp32); remove it",
+        "rapidgpt: error: --vocab-file: /no/such/vocab.json: no such file; check the path",
+        "rapidgpt: error: --merge-file: /no/such/merges.txt: no such file; check the path",
+        "rapidgpt: error: stray: unexpected value (no flag takes it); remove it or put its flag before it"])
+
+
+def test_flags_are_checked_without_importing_mindspore():
+    code = ("import sys\nfrom rapidgpt.cli import main\ntry:\n    main(['--task', 'pretraining', '--num-layer', '2'])\n"
+            "except SystemExit as e:\n    assert e.code == 2\nassert 'mindspore' not in sys.modules, 'imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "did you mean --num-layers?" in result.stderr
 
 
 def test_derived_values_and_extra_args():
@@ -77,8 +108,11 @@ def test_derived_values_and_extra_args():
     assert padded_vocab_size(50257, 128, 2) == 50432
 
 
-def test_megatron_command_line_parses():
+def test_megatron_command_line_parses(tmp_path, monkeypatch):
     """A Megatron GPT pretraining command line, program name changed, parses unchanged."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "v.json").write_text("{}")
+    (tmp_path / "m.txt").write_text("")
     args = parse_args(argv=(
         "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
         "--max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 8 --train-iters 100 "
@@ -102,12 +136,12 @@ def test_parallel_state_rank_order_is_megatrons():
 
 @pytest.mark.parametrize("world,argv,message", [
     (4, ["--tensor-model-parallel-size", "4", "--num-attention-heads", "6", "--hidden-size", "96"],
-     "--num-attention-heads 6 is not divisible by --tensor-model-parallel-size 4"),
+     "--num-attention-heads: 6 is not divisible by --tensor-model-parallel-size 4"),
     (4, ["--tensor-model-parallel-size", "2", "--ffn-hidden-size", "33"],
-     "--ffn-hidden-size 33 is not divisible by --tensor-model-parallel-size 2"),
-    (6, ["--tensor-model-parallel-size", "4"], "6 processes cannot be split into --tensor-model-parallel-size 4"),
+     "--ffn-hidden-size: 33 is not divisible by --tensor-model-parallel-size 2"),
+    (6, ["--tensor-model-parallel-size", "4"], "--tensor-model-parallel-size: 6 processes cannot be split into groups of 4 (TP)"),
     (4, ["--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "6"],
-     "--global-batch-size 6 must be a positive multiple of --micro-batch-size 2 x data-parallel size 2"),
+     "--global-batch-size: 6 must be a positive multiple of --micro-batch-size 2 x data-parallel size 2"),
 ])
 def test_layout_errors_name_the_flags(world, argv, message):
     with pytest.raises(ArgumentError, match=re.escape(message)):
@@ -356,7 +390,7 @@ def test_schedule_units_do_not_mix():
 
 
 def test_warmup_longer_than_decay_is_a_flag_error():
-    with pytest.raises(ArgumentError, match="--lr-warmup-iters 10 is longer than the decay"):
+    with pytest.raises(ArgumentError, match="--lr-warmup-iters: 10 is longer than the decay"):
         validate("--train-iters", "4", "--lr-warmup-iters", "10")
 
 

@@ -289,3 +289,40 @@ def test_pretraining_skip_train_gives_the_transformers_loss(tmp_path, converted,
     loss = float(re.search(r"validation loss at the end of training for val data \| lm loss value: ([\d.E+-]+)",
                            out).group(1))
     assert loss == pytest.approx(hf_loss(expected["logits"][:1], ids[:1].astype(np.int64)), rel=2e-6)
+
+
+def test_rapidformer_pretrained_model_name_or_path_takes_a_local_hf_folder(tmp_path, expected, capsys):
+    """Rapidformer's --pretrained-model-name-or-path: the HF folder gives the architecture, the
+    tokenizer and the starting weights (an lr too small to move them: the end-of-training
+    validation loss is transformers' loss)."""
+    from rapidgpt.tasks.pretraining import main as pretrain_main
+    ids = expected["input_ids"]
+    prefix = str(tmp_path / "row0_text_document")
+    builder = IndexedDatasetBuilder(data_file_path(prefix), np.uint16)
+    builder.add_item(ids[0])
+    builder.end_document()
+    builder.finalize(index_file_path(prefix))
+    assert pretrain_main(["--pretrained-model-name-or-path", str(FIXTURE), "--train-iters", "1", "--lr", "1e-30",
+                          "--train-data-path", prefix, "--valid-data-path", prefix, "--seq-length", "15",
+                          "--micro-batch-size", "1", "--eval-iters", "1", "--data-cache-path", str(tmp_path),
+                          "--no-progress-bar", "--max-new-tokens", "0"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"loaded \d+ of the model's \d+ parameters from --pretrained-checkpoint", out)
+    loss = float(re.search(r"validation loss at the end of training for val data \| lm loss value: ([\d.E+-]+)",
+                           out).group(1))
+    assert loss == pytest.approx(hf_loss(expected["logits"][:1], ids[:1].astype(np.int64)), rel=2e-6)
+
+
+def test_hub_names_are_refused_because_nothing_is_downloaded():
+    result = subprocess.run([sys.executable, "-m", "rapidgpt.cli", "--task", "sequence_classification",
+                             "--pretrained-model-name-or-path", "bert-base-cased", "--data-name", "mrpc",
+                             "--data-path", "x.jsonl", "--epochs", "1"], capture_output=True, text=True)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("rapidgpt: error:")]
+    assert sorted(errors) == [
+        "rapidgpt: error: --data-name: names a Hugging Face datasets-hub dataset, and RapidGPT downloads nothing; "
+        "convert the data to local files (.jsonl/.tsv for finetuning, .bin/.idx via data_tools/preprocess_data.py) "
+        "and give them with --data-path / --valid-data-path",
+        "rapidgpt: error: --pretrained-model-name-or-path: bert-base-cased is not a local folder, and RapidGPT "
+        "downloads nothing from a model hub; download the model first (e.g. huggingface-cli download "
+        "bert-base-cased --local-dir DIR) and give DIR"]

@@ -111,10 +111,10 @@ def test_build_lr_scheduler_samples():
     (dict(lr_warmup_fraction=0.1), "--lr-warmup-fraction and --lr-warmup-iters"),
     (dict(train_iters=None, train_samples=100, lr_warmup_samples=5, lr_warmup_fraction=0.1),
      "--lr-warmup-fraction and --lr-warmup-samples"),
-    (dict(lr_warmup_iters=0, lr_warmup_fraction=1.5), "--lr-warmup-fraction must lie"),
+    (dict(lr_warmup_iters=0, lr_warmup_fraction=1.5), "--lr-warmup-fraction: must lie"),
     (dict(train_iters=None), "--train-iters or --train-samples"),
     (dict(min_lr=1.0), "--min-lr"),
-    (dict(lr_warmup_iters=200), "must not exceed"),
+    (dict(lr_warmup_iters=200), r"--lr-warmup-iters: the warmup \(200 iterations\) is longer than the decay"),
 ])
 def test_build_lr_scheduler_validation(overrides, message):
     with pytest.raises(ValueError, match=message):

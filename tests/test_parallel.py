@@ -23,7 +23,8 @@ import numpy as np
 import psutil
 import pytest
 
-from rapidgpt.training.checkpointing import checkpoint_problem, find_checkpoint, gathered_tensors
+from rapidgpt.training.checkpoint_files import checkpoint_problem, find_checkpoint
+from rapidgpt.training.checkpointing import gathered_tensors
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = str(Path(sys.executable).parent)

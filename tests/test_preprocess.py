@@ -81,7 +81,8 @@ def test_plain_text_input(bpe, tmp_path):
 
 
 @pytest.mark.parametrize("line,message", [
-    ('{"text": "ok"', "invalid JSON (Expecting ',' delimiter at column 14)"),
+    ('{"text": "ok"', "invalid JSON (Expecting ',' delimiter: column 14)"),
+    ('{"text": "unclosed', "invalid JSON (Unterminated string starting at: column 10)"),
     ('{"body": "x"}', "no key 'text' (keys: body); set --json-keys"),
     ('["text"]', "expected a JSON object, got list"),
     ('{"text": 5}', "key 'text' must be a string or a list of strings"),

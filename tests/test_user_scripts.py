@@ -169,13 +169,14 @@ def test_missing_user_script_file(env, tmp_path):
     missing = tmp_path / "no_such_trainer.py"
     result = run(["--user-script", str(missing)], env, timeout=120)
     assert result.returncode == 2
-    assert f"--user-script {missing}: no such file" in result.stderr
+    assert f"rapidgpt: error: --user-script: {missing}: no such file" in result.stderr
 
 
 def test_neither_task_nor_user_script(env):
     result = run(["--num-layers", "2"], env, timeout=120)
     assert result.returncode == 2
-    assert "give --task pretraining or --user-script FILE" in result.stderr
+    assert result.stderr.startswith("usage: rapidgpt --task {") and len(result.stderr.splitlines()) == 4
+    assert "rapidgpt: error: give --task NAME or --user-script FILE" in result.stderr
 
 
 def test_classification_data_error_is_one_line(env, demo, tmp_path):
@@ -190,4 +191,4 @@ def test_classification_data_error_is_one_line(env, demo, tmp_path):
 def test_flag_not_in_this_build(env):
     result = run(["--task", "pretraining", "--pipeline-model-parallel-size", "2"], env, timeout=120)
     assert result.returncode == 2
-    assert "--pipeline-model-parallel-size: not supported by this build" in result.stderr
+    assert "rapidgpt: error: --pipeline-model-parallel-size: not in this build" in result.stderr

@@ -35,11 +35,13 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from rapidgpt.errors import UserError
+
 FORMATS = (".jsonl", ".tsv")
 _INTEGER = re.compile(r"-?\d+")
 
 
-class ClassificationDataError(ValueError):
+class ClassificationDataError(UserError, ValueError):
     """A classification data file that cannot be used; the message names the file (and line)."""
 
 

@@ -24,6 +24,8 @@ import struct
 
 import numpy as np
 
+from rapidgpt.errors import UserError
+
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")     # magic, version, dtype code, N, D
@@ -34,7 +36,7 @@ DTYPE_CODES = {
 CODE_OF_DTYPE = {np.dtype(t): code for code, t in DTYPE_CODES.items()}
 
 
-class IndexedDatasetError(ValueError):
+class IndexedDatasetError(UserError, ValueError):
     """A `.bin`/`.idx` pair that cannot be read; the message names the file and the problem."""
 
 

@@ -103,7 +103,7 @@ class Encoder:
             try:
                 record = json.loads(text)
             except json.JSONDecodeError as e:
-                return line_no, None, len(raw), f"invalid JSON ({e.msg} at column {e.colno})"
+                return line_no, None, len(raw), f"invalid JSON ({e.msg}: column {e.colno})"
             if not isinstance(record, dict):
                 return line_no, None, len(raw), f"expected a JSON object, got {type(record).__name__}"
         docs = {}

@@ -37,6 +37,8 @@ import os
 
 import numpy as np
 
+from rapidgpt.errors import UserError
+
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 CONFIG = "config.json"
@@ -70,7 +72,7 @@ _TOP_TENSORS = (("wte.weight", "word_embeddings.weight"), ("wpe.weight", "positi
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
 
-class HFConversionError(ValueError):
+class HFConversionError(UserError, ValueError):
     """A Hugging Face folder or RapidGPT model that cannot be converted; the message says why."""
 
 
@@ -241,6 +243,26 @@ def flags_from_hf_config(config, where=CONFIG):
             "hidden_dropout": float(config.get("resid_pdrop", 0.1)),
             "attention_dropout": float(config.get("attn_pdrop", 0.1)),
             "init_method_std": float(config.get("initializer_range", 0.02))}
+
+
+def hf_folder_model_flags(hf_dir):
+    """The model flags a RapidGPT checkpoint records (architecture, sequence length, tokenizer) for
+    the Hugging Face GPT-2 folder `hf_dir`: from its config.json, and its vocab.json + merges.txt
+    as the GPT2BPETokenizer when both are there."""
+    where = os.path.join(hf_dir, CONFIG)
+    try:
+        with open(where) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise HFConversionError(f"{where}: unreadable ({e})") from None
+    flags = flags_from_hf_config(config, where)
+    model = {name: flags[name] for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                                            "max_position_embeddings", "seq_length", "vocab_size",
+                                            "layernorm_epsilon", "untie_embeddings_and_output_weights")}
+    tokenizer = tokenizer_files(hf_dir)
+    if tokenizer:
+        model.update(tokenizer_type="GPT2BPETokenizer", **tokenizer)
+    return model
 
 
 def flags_of_model(model):

@@ -25,7 +25,8 @@ from rapidgpt.models.hf_gpt2 import (CONFIG, flags_from_hf_config, hf_to_rapidgp
                                      read_hf_folder)
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import get_parallel_state
-from rapidgpt.training.checkpointing import CheckpointError, find_checkpoint, load_checkpoint, read_metadata
+from rapidgpt.training.checkpoint_files import CheckpointError, find_checkpoint, read_metadata
+from rapidgpt.training.checkpointing import load_checkpoint
 
 
 def is_hf_folder(path):

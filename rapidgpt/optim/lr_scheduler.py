@@ -13,6 +13,8 @@ weight decay is constant, as with Megatron's default `--weight-decay-incr-style 
 """
 import math
 
+from rapidgpt.flag_parser import ArgumentError
+
 DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
 
 
@@ -94,18 +96,24 @@ class OptimizerParamScheduler:
             "num_steps": self.num_steps,
         }
 
-    def load_state_dict(self, state_dict, override=False):
-        """Restore `num_steps`; the schedule settings must equal this run's unless `override`.
+    def load_state_dict(self, state_dict, override=False, use_checkpoint=False):
+        """Restore `num_steps`; the schedule settings must equal this run's unless `override`
+        (keep this run's) or `use_checkpoint` (take the checkpoint's), Megatron's two flags.
 
-        Megatron also refuses a checkpoint whose schedule differs unless told
-        (--override-opt_param-scheduler keeps this run's settings): silently switching curves
-        mid-run is rarely what the user meant.
+        Megatron also refuses a checkpoint whose schedule differs unless told: silently switching
+        curves mid-run is rarely what the user meant. Every differing setting is reported at once.
         """
-        for name, value in self.state_dict().items():
-            if not override and name != "num_steps" and state_dict[name] != value:
-                raise ValueError(f"lr scheduler setting {name!r} differs: this run has {value!r}, "
-                                 f"the checkpoint has {state_dict[name]!r}; pass "
-                                 f"--override-opt_param-scheduler to continue with this run's schedule")
+        differing = {name: (value, state_dict[name]) for name, value in self.state_dict().items()
+                     if name != "num_steps" and state_dict[name] != value}
+        if differing and use_checkpoint:
+            for name, (_, saved) in differing.items():
+                setattr(self, name, saved)
+        elif differing and not override:
+            listed = "; ".join(f"{name}: this run {mine!r}, checkpoint {saved!r}"
+                               for name, (mine, saved) in differing.items())
+            raise ValueError(f"the LR schedule differs from the checkpoint's ({listed}); pass "
+                             f"--override-opt_param-scheduler to continue with this run's schedule, or "
+                             f"--use-checkpoint-opt_param-scheduler to continue with the checkpoint's")
         self.num_steps = state_dict["num_steps"]
 
 
@@ -137,12 +145,20 @@ def build_lr_scheduler(args):
         decay_steps = decay_iters * args.global_batch_size
         warmup_steps = warmup_iters * args.global_batch_size
     else:
-        raise ValueError("either --train-iters or --train-samples must be given")
+        raise ArgumentError("--train-iters: the LR schedule needs the training length; give --train-iters "
+                            "or --train-samples (a Finetuner: --epochs)")
+    if warmup_steps > decay_steps:
+        unit = args.global_batch_size if not train_samples else 1
+        raise ArgumentError(
+            f"{warmup_flag}: the warmup ({warmup_steps // unit} {'samples' if train_samples else 'iterations'}) is "
+            f"longer than the decay ({decay_steps // unit}: --lr-decay-{'samples' if train_samples else 'iters'}, "
+            f"default the training length{', here from --epochs' if getattr(args, 'epochs', None) else ''}); "
+            f"shorten the warmup")
     if warmup_fraction is not None:
         if warmup_steps:
-            raise ValueError(f"give only one of --lr-warmup-fraction and {warmup_flag}")
+            raise ArgumentError(f"--lr-warmup-fraction: give only one of --lr-warmup-fraction and {warmup_flag}")
         if not 0 <= warmup_fraction <= 1:
-            raise ValueError(f"--lr-warmup-fraction must lie in [0, 1], got {warmup_fraction}")
+            raise ArgumentError(f"--lr-warmup-fraction: must lie in [0, 1], got {warmup_fraction}")
         warmup_steps = warmup_fraction * decay_steps
     return OptimizerParamScheduler(
         max_lr=args.lr,

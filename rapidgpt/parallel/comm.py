@@ -16,22 +16,12 @@ AllReduce-SUM, in which every other rank contributes zeros (x + 0 == x bit for b
 The ops are `nn.Cell`s, built once per group, so they can be called inside `mindspore.jit` graphs
 and custom-bprop cells. Group of size 1: every op is the identity (or a plain slice).
 """
-import os
-
 import mindspore as ms
 from mindspore import nn, ops
 
+from rapidgpt.msrun_env import launched_by_msrun
+
 _STATE = {"initialized": False, "native": False, "groups": {}}
-
-
-def launched_by_msrun():
-    """True in a process that msrun started (a worker or the scheduler)."""
-    return "MS_ROLE" in os.environ
-
-
-def is_msrun_scheduler():
-    """True in the scheduler process msrun starts beside the workers, with the same command line."""
-    return os.environ.get("MS_ROLE") == "MS_SCHED"
 
 
 def serve_as_scheduler():
@@ -44,11 +34,6 @@ def serve_as_scheduler():
 def initialized():
     """Whether this process has joined msrun's job (its device is then set for good)."""
     return _STATE["initialized"]
-
-
-def launched_world_size():
-    """The job's number of processes as msrun announces it to its workers (1 outside msrun)."""
-    return int(os.environ.get("MS_WORKER_NUM", "1")) if launched_by_msrun() else 1
 
 
 def init_distributed(device):
@@ -222,6 +207,19 @@ def sum_over_ranks(number, group=None):
     name = _world_group() if group is None else group.name
     total = ops.AllReduce(ops.ReduceOp.SUM, name)(ms.Tensor([number], ms.float32)).asnumpy()
     return int(round(float(total[0])))
+
+
+def gather_over_ranks(values):
+    """`[world size, len(values)]` float64 array of every rank's `values` (a list of floats), on
+    every rank (row r: rank r's); outside msrun one row. Host-side, for timers and stop decisions."""
+    import numpy as np
+    values = np.asarray(values, np.float32)
+    if not _STATE["initialized"]:
+        return values[None].astype(np.float64)
+    from mindspore.communication import get_group_size, get_rank
+    rows = np.zeros((get_group_size(), len(values)), np.float32)
+    rows[get_rank()] = values
+    return ops.AllReduce(ops.ReduceOp.SUM, _world_group())(ms.Tensor(rows)).asnumpy().astype(np.float64)
 
 
 def barrier(group=None):

@@ -74,8 +74,9 @@ def before_launch(args):
         demo_corpus()
 
 
-def main(argv=None):
-    args = parse_args(argv=argv)
+def main(argv=None, args=None):
+    """Run the task on `argv` (default: the command line), or on the already parsed `args`."""
+    args = args if args is not None else parse_args(argv=argv)
     if not (args.data_path or args.train_data_path):
         use_demo_corpus(args)
     engine = RapidGPTEngine(args=args)

@@ -45,8 +45,9 @@ class SequenceClassificationFinetuner(Finetuner):
         return evaluate_classification(lambda batch: logits(model, batch), eval_dataloader, self.gather)
 
 
-def main(argv=None):
-    args = parse_args(argv=argv)
+def main(argv=None, args=None):
+    """Run the task on `argv` (default: the command line), or on the already parsed `args`."""
+    args = args if args is not None else parse_args(argv=argv)
     engine = RapidGPTEngine(args=args)
     if get_tokenizer() is None:
         raise ClassificationDataError("sequence classification reads text: give --pretrained-checkpoint "

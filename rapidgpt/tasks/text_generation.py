@@ -12,7 +12,8 @@ from rapidgpt.models.generation import generate
 from rapidgpt.models.gpt import build_gpt_model
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.tasks.pretraining import vocab_size
-from rapidgpt.training.checkpointing import CheckpointError, find_checkpoint, load_checkpoint
+from rapidgpt.training.checkpoint_files import CheckpointError, find_checkpoint
+from rapidgpt.training.checkpointing import load_checkpoint
 
 
 def read_prompts(args):
@@ -22,8 +23,9 @@ def read_prompts(args):
     return [args.prompt]
 
 
-def main(argv=None):
-    args = parse_args(argv=argv)
+def main(argv=None, args=None):
+    """Run the task on `argv` (default: the command line), or on the already parsed `args`."""
+    args = args if args is not None else parse_args(argv=argv)
     if not args.load or not (args.prompt or args.prompts_file):
         raise CheckpointError("text generation needs --load DIR (a RapidGPT checkpoint) and "
                               "--prompt TEXT or --prompts-file FILE")

@@ -1,22 +1,11 @@
-"""Checkpoints in Megatron's layout that a crash can never corrupt.
+"""Saving and loading the tensors and state of a checkpoint (the folder layout, publication and
+verification: rapidgpt/training/checkpoint_files.py).
 
-    <save>/latest_checkpointed_iteration.txt         "100"
-    <save>/iter_0000100/metadata.json                 model config, tokenizer, layout, versions
-    <save>/iter_0000100/mp_rank_00/model_optim_rng.ckpt   model + optimizer state (MindSpore ckpt)
-    <save>/iter_0000100/mp_rank_00/state.json         iteration, consumed samples, LR scheduler,
-                                                      python/numpy/MindSpore RNG states, TP layout
-    <save>/iter_0000100/mp_rank_01/...                the next tensor-parallel rank's piece
-                                                      (mp_rank_TT_PPP with pipeline stages)
-
-Writing: everything goes into a fresh temporary directory, every file is fsync'ed, the directory
-is renamed to `iter_XXXXXXX` in one step, and only then is `latest_checkpointed_iteration.txt`
-replaced (write + fsync + rename). Old checkpoints are pruned after that. A crash at any moment
-leaves the previous checkpoint complete and `latest` pointing at a complete checkpoint; a full
-disk ends the save with a clear error and removes only the partial new directory.
-
-Reading: `latest` is checked against the directory it names; a missing, partial or corrupt
-checkpoint is reported and the newest complete one is used instead, with a warning. A checkpoint
-saved at another tensor-parallel size is resharded while loading (rapidgpt.parallel.resharding).
+Every rank calls `save_checkpoint`; the data-parallel rank 0 of each TP/PP position writes its
+`mp_rank_XX` piece, rank 0 writes metadata.json (with the tokenizer files and the size and CRC-32
+of every file) and publishes. `load_checkpoint` restores model, optimizer, scheduler and RNG
+streams; a checkpoint saved at another tensor-parallel size is resharded while loading
+(rapidgpt.parallel.resharding).
 """
 import errno
 import json
@@ -30,51 +19,16 @@ import mindspore as ms
 import numpy as np
 
 from rapidgpt import __version__
-from rapidgpt.parallel.comm import launched_by_msrun, sum_over_ranks
+from rapidgpt.msrun_env import launched_by_msrun
+from rapidgpt.parallel.comm import sum_over_ranks
 from rapidgpt.parallel.resharding import merge_shards, split_for_rank, tensor_parallel_layout
 from rapidgpt.parallel.state import get_parallel_state
-
-LATEST = "latest_checkpointed_iteration.txt"
-METADATA = "metadata.json"
-WEIGHTS = "model_optim_rng"          # + ".ckpt" or ".safetensors" (--ckpt-format)
-FORMATS = ("ckpt", "safetensors")
-STATE = "state.json"
-BEST = "best"                        # <save>/best/: the best evaluation's checkpoint (Finetuner)
-# Model flags a checkpoint records. Loading fills them in unless given; a given architecture flag
-# must match (tokenizer file paths may differ: files move between machines).
-ARCHITECTURE_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
-                     "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by",
-                     "untie_embeddings_and_output_weights", "layernorm_epsilon", "tokenizer_type")
-TOKENIZER_FILE_ARGS = ("vocab_file", "merge_file")
-MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length",) + TOKENIZER_FILE_ARGS
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written or read; the message says which and what to do."""
-
-
-def iteration_dir(save, iteration):
-    return os.path.join(save, f"iter_{iteration:07d}")
-
-
-def rank_dir_name(tp_rank=0, pp_rank=0, pp_size=1):
-    """Megatron's per-rank folder: mp_rank_{tp:02d} or, with pipeline stages, mp_rank_{tp:02d}_{pp:03d}."""
-    return f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
-
-
-def fsync_path(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json(path, payload):
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
+from rapidgpt.training.checkpoint_files import (METADATA, MODEL_ARGS, STATE, WEIGHTS, CheckpointError,
+                                                embed_tokenizer_files, file_record, file_records,
+                                                find_checkpoint,
+                                                fsync_path, iteration_dir, prune_checkpoints,
+                                                publish_checkpoint, rank_dir_name, read_latest,
+                                                read_metadata, temporary_dir, weights_file, write_json)
 
 
 def rng_state():
@@ -163,6 +117,7 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
                            format=args.ckpt_format)
         fsync_path(weights)
         write_json(os.path.join(rank_dir, STATE), {
+            "weights_file": file_record(weights),
             "iteration": iteration, "consumed_train_samples": consumed_samples,
             "scheduler": scheduler.state_dict() if not args.no_save_optim else None,
             "rng": rng_state() if not args.no_save_rng else None,
@@ -174,7 +129,8 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
     def publish():
         write_json(os.path.join(tmp, METADATA), {
             "iteration": iteration, "consumed_train_samples": consumed_samples,
-            "model": model_config(args), "vocab_size": getattr(model, "vocab_size", None),
+            "model": embed_tokenizer_files(tmp, model_config(args)), "files": file_records(tmp),
+            "vocab_size": getattr(model, "vocab_size", None),
             "padded_vocab_size": getattr(model, "padded_vocab_size", None),
             "parallel": {"tensor_model_parallel_size": state.tensor_model_parallel_size,
                          "pipeline_model_parallel_size": state.pipeline_model_parallel_size,
@@ -208,31 +164,6 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
     return iteration_dir(save, iteration)
 
 
-def temporary_dir(save, iteration):
-    """Where checkpoint `iteration` is written before `publish_checkpoint` renames it into place."""
-    return os.path.join(save, f".iter_{iteration:07d}.tmp")
-
-
-def publish_checkpoint(save, tmp, iteration):
-    """Make the complete checkpoint written in `tmp` iteration `iteration` under `save`: fsync it,
-    rename it to iter_XXXXXXX in one step, then replace `latest` (write, fsync, rename)."""
-    final = iteration_dir(save, iteration)
-    fsync_path(tmp)
-    if os.path.exists(final):          # saving an iteration again: swap, never delete first
-        trash = f"{final}.old{os.getpid()}"
-        os.rename(final, trash)
-        os.rename(tmp, final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-    fsync_path(save)
-    latest_tmp = os.path.join(save, f".{LATEST}.tmp{os.getpid()}")
-    with open(latest_tmp, "w") as f:
-        f.write(str(iteration))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(latest_tmp, os.path.join(save, LATEST))
-    fsync_path(save)
 
 
 def _storage_error(error):
@@ -258,128 +189,14 @@ def _save_failed(save, iteration, error):
     return failure
 
 
-def prune_checkpoints(save, keep_last_n, keep):
-    """Delete all but the newest `keep_last_n` complete checkpoints (never `keep`, the latest)."""
-    if not keep_last_n:
-        return
-    for iteration in complete_iterations(save)[:-keep_last_n]:
-        if iteration != keep:
-            shutil.rmtree(iteration_dir(save, iteration), ignore_errors=True)
 
 
-def read_latest(save):
-    try:
-        with open(os.path.join(save, LATEST)) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
 
 
-def checkpoint_problem(path):
-    """Why the checkpoint directory `path` cannot be loaded (None when it is complete)."""
-    metadata = os.path.join(path, METADATA)
-    if not os.path.isdir(path):
-        return "directory missing"
-    try:
-        with open(metadata) as f:
-            parallel = json.load(f).get("parallel", {})
-    except (OSError, ValueError) as e:
-        return f"{METADATA} unreadable ({e})"
-    tp, pp = parallel.get("tensor_model_parallel_size", 1), parallel.get("pipeline_model_parallel_size", 1)
-    rank_dirs = [rank_dir_name(t, p, pp) for p in range(pp) for t in range(tp)]
-    absent = [d for d in rank_dirs if not os.path.isdir(os.path.join(path, d))]
-    if absent:
-        return f"{absent[0]} missing ({len(rank_dirs)} mp_rank_* directories expected)"
-    for d in rank_dirs:
-        if _weights_file(os.path.join(path, d)) is None:
-            return f"{d}/{WEIGHTS}.ckpt|.safetensors missing or empty"
-        state = os.path.join(path, d, STATE)
-        if not os.path.isfile(state) or os.path.getsize(state) == 0:
-            return f"{d}/{STATE} missing or empty"
-    return None
 
 
-def _weights_file(rank_dir):
-    for fmt in FORMATS:
-        path = os.path.join(rank_dir, f"{WEIGHTS}.{fmt}")
-        if os.path.isfile(path) and os.path.getsize(path) > 0:
-            return path, fmt
-    return None
 
 
-def complete_iterations(save):
-    """Iterations of the complete checkpoints under `save`, ascending."""
-    found = []
-    for name in os.listdir(save) if os.path.isdir(save) else []:
-        if name.startswith("iter_") and name[5:].isdigit():
-            if checkpoint_problem(os.path.join(save, name)) is None:
-                found.append(int(name[5:]))
-    return sorted(found)
-
-
-def best_record(save):
-    """The score record ({"metric", "value", "epoch", "iteration"}) of the best checkpoint a
-    Finetuner keeps under `<save>/best/` (None when there is none yet)."""
-    directory = os.path.join(save, BEST)
-    return read_metadata(find_checkpoint(directory)).get("best") if has_checkpoint(directory) else None
-
-
-def has_checkpoint(directory):
-    """Whether `directory` holds a checkpoint, complete or not (a `latest` file, an `iter_*`
-    directory, or it is one itself): a run resumes from it rather than start afresh."""
-    if not os.path.isdir(directory):
-        return False
-    return (os.path.isfile(os.path.join(directory, METADATA)) or os.path.isfile(os.path.join(directory, LATEST))
-            or any(name.startswith("iter_") for name in os.listdir(directory)))
-
-
-def start_checkpoint(args):
-    """`(flag, directory)` of the checkpoint this run starts from, as Megatron decides it: --load
-    when it holds a checkpoint (resume), else --pretrained-checkpoint (weights only), else none:
-    `(None, None)`, a fresh start (so `--save DIR --load DIR` both starts and resumes a job).
-    --skip-train has nothing to evaluate without one: --load then fails, saying none is there."""
-    pretrained = getattr(args, "pretrained_checkpoint", None)
-    if args.load and (has_checkpoint(args.load) or (args.skip_train and not pretrained)):
-        return "--load", args.load
-    if pretrained:
-        return "--pretrained-checkpoint", pretrained
-    return None, None
-
-
-def find_checkpoint(load, logger=None, flag="--load"):
-    """The directory to load from `load` (given as `flag`): `latest`, or the newest complete one if
-    that is broken."""
-    if os.path.isfile(os.path.join(load, METADATA)):
-        return load                            # --load points straight at an iter_* directory
-    latest = read_latest(load)
-    if latest is not None:
-        problem = checkpoint_problem(iteration_dir(load, latest))
-        if problem is None:
-            return iteration_dir(load, latest)
-        message = f"checkpoint {iteration_dir(load, latest)} named by {LATEST} is unusable ({problem})"
-    else:
-        message = f"{os.path.join(load, LATEST)} missing or unreadable"
-    complete = complete_iterations(load)
-    if not complete:
-        raise CheckpointError(f"{flag} {load}: no complete checkpoint found ({message})")
-    if logger is not None:
-        logger.warning(f"WARNING: {message}; falling back to the newest complete checkpoint, "
-                       f"iteration {complete[-1]}")
-    return iteration_dir(load, complete[-1])
-
-
-def read_metadata(path):
-    """metadata.json of the checkpoint directory `path`. A relative tokenizer path that names a file
-    inside `path` (data_tools/convert_hf_gpt2.py stores vocab.json/merges.txt there) is resolved
-    against it, so the checkpoint folder can be moved; other paths are returned as recorded."""
-    with open(os.path.join(path, METADATA)) as f:
-        metadata = json.load(f)
-    model = metadata.get("model") or {}
-    for key in TOKENIZER_FILE_ARGS:
-        value = model.get(key)
-        if value and not os.path.isabs(value) and os.path.isfile(os.path.join(path, value)):
-            model[key] = os.path.abspath(os.path.join(path, value))
-    return metadata
 
 
 class _RankCheckpoint:
@@ -407,7 +224,7 @@ class _RankCheckpoint:
         try:
             self.pieces = []
             for rank_dir in dirs:
-                found = _weights_file(rank_dir)
+                found = weights_file(rank_dir)
                 if found is None:
                     raise CheckpointError(f"checkpoint {rank_dir}: {WEIGHTS}.ckpt|.safetensors missing or empty")
                 self.pieces.append(ms.load_checkpoint(found[0], format=found[1]))
@@ -443,6 +260,31 @@ class _RankCheckpoint:
                                             self.tp_rank, self.tp_size))
         except ValueError as e:
             raise CheckpointError(f"checkpoint {self.where}: {e}") from None
+
+
+class _HuggingFaceWeights:
+    """A Hugging Face GPT-2 folder (Rapidformer's --pretrained-model-name-or-path) read like a
+    checkpoint: its tensors under RapidGPT's names (rapidgpt/models/hf_gpt2.py), each split for
+    this rank the way the model's own parameter is (`prefix`: where the GPT sits in the model)."""
+
+    def __init__(self, path, model, logger=None):
+        from rapidgpt.models.hf_gpt2 import CONFIG, flags_from_hf_config, hf_to_rapidgpt, read_hf_folder
+        config, tensors, notes = read_hf_folder(path)
+        self.tensors = hf_to_rapidgpt(tensors, flags_from_hf_config(config, os.path.join(path, CONFIG)),
+                                      where=path)
+        for note in notes if logger is not None else ():
+            logger.warning(f"{path}: {note}")
+        self.where, self.meta, self.prefix = path, {}, ""
+        self.layout = tensor_parallel_layout(model, [p.name for p in model.get_parameters()])
+        self.tp_rank, _, _ = get_parallel_state().coordinates()
+        self.tp_size = get_parallel_state().tensor_model_parallel_size
+
+    def names(self):
+        return list(self.tensors)
+
+    def value(self, name, local_shape):
+        spec = self.layout.get(self.prefix + name)
+        return ms.Tensor(split_for_rank(name, self.tensors[name], spec, local_shape, self.tp_rank, self.tp_size))
 
 
 def gathered_tensors(path):
@@ -487,7 +329,8 @@ def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
         return 0, 0
     if load_optimizer and meta["scheduler"] is not None:
         try:
-            scheduler.load_state_dict(meta["scheduler"], override=args.override_opt_param_scheduler)
+            scheduler.load_state_dict(meta["scheduler"], override=args.override_opt_param_scheduler,
+                                      use_checkpoint=args.use_checkpoint_opt_param_scheduler)
         except ValueError as e:
             raise CheckpointError(f"--load {args.load}: {e}") from None
     if not args.no_load_rng and meta["rng"] is not None:
@@ -527,11 +370,15 @@ def load_pretrained_weights(path, model, logger=None):
     checkpoint tensors are logged. A shape that differs is an error. Must run before the first
     compiled step.
     """
-    directory = find_checkpoint(path, logger, flag="--pretrained-checkpoint")
-    checkpoint = _RankCheckpoint(directory)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        directory = path
+        checkpoint = _HuggingFaceWeights(path, model, logger)
+    else:
+        directory = find_checkpoint(path, logger, flag="--pretrained-checkpoint")
+        checkpoint = _RankCheckpoint(directory)
     checkpoint_names = checkpoint.meta.get("model_parameters") or sorted(checkpoint.names())
     params = _named_parameters(model, None, False)
-    prefix = _prefix_of(params, set(checkpoint_names))
+    prefix = checkpoint.prefix = _prefix_of(params, set(checkpoint_names))
     if prefix is None:
         raise CheckpointError(f"--pretrained-checkpoint {path}: none of its {len(checkpoint_names)} tensors "
                               f"(e.g. {checkpoint_names[0]}) matches a parameter of the model "

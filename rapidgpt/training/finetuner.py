@@ -27,7 +27,8 @@ import os
 from rapidgpt.data.samplers import EpochSampler, SequentialSampler, micro_batches
 from rapidgpt.parallel.comm import sum_over_ranks
 from rapidgpt.parallel.state import get_data_parallel_rank, get_data_parallel_world_size, get_parallel_state
-from rapidgpt.training.checkpointing import BEST, best_record, save_checkpoint
+from rapidgpt.training.checkpoint_files import BEST, best_record
+from rapidgpt.training.checkpointing import save_checkpoint
 from rapidgpt.training.reporting import report_metrics
 from rapidgpt.training.trainer import Trainer, hook, to_tensors
 

@@ -17,7 +17,9 @@ traced (a dict of tensors `[micro_batch, ...]`) and is `next()` on a real iterat
 Code that cannot be compiled runs with `--no-jit` (PyNative, slower).
 """
 from rapidgpt.data.samplers import PretrainingSampler, micro_batches
+from rapidgpt.flag_parser import ArgumentError
 from rapidgpt.parallel.state import get_data_parallel_rank, get_data_parallel_world_size
+from rapidgpt.training.hook_contract import check_datasets, check_length
 from rapidgpt.training.reporting import report_validation
 from rapidgpt.training.trainer import Trainer, hook, to_tensors
 
@@ -70,8 +72,22 @@ class Pretrainer(Trainer):
         self.check_hooks()
         args = self.args
         if not args.train_iters:
-            raise ValueError("pretraining needs --train-iters (or --train-samples)")
-        train_ds, valid_ds, test_ds = self.train_valid_test_datasets_provider(self.train_val_test_num_samples())
+            raise ArgumentError("--train-iters: pretraining needs --train-iters (or --train-samples)")
+        self.timers("train/valid/test-data-iterators-setup").start()
+        num_samples = self.train_val_test_num_samples()
+        train_ds, valid_ds, test_ds = check_datasets(
+            self.train_valid_test_datasets_provider(num_samples), "train_valid_test_datasets_provider",
+            ("train", "valid", "test"))
+        if not args.skip_train:
+            check_length(train_ds, num_samples[0], "training",
+                         f"--train-iters {args.train_iters} x --global-batch-size {args.global_batch_size}")
+        if args.eval_iters:
+            check_length(valid_ds, num_samples[1], "validation",
+                         f"{num_samples[1] // (args.eval_iters * args.global_batch_size)} evaluations of "
+                         f"--eval-iters {args.eval_iters} x --global-batch-size {args.global_batch_size}")
+            check_length(test_ds, num_samples[2], "test",
+                         f"--eval-iters {args.eval_iters} x --global-batch-size {args.global_batch_size}")
+        self.timers("train/valid/test-data-iterators-setup").stop()
         model, optimizer, scheduler = self.build_model_optimizer_scheduler()
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, scheduler
 
@@ -80,6 +96,7 @@ class Pretrainer(Trainer):
 
         self._eval_step = self.eval_step(forward)
         iteration, consumed = self.load_checkpoint_if_asked()
+        self.log_setup_times()
         # Evaluations before `iteration` consumed these validation samples (Megatron's count).
         gbs = args.global_batch_size
         valid_consumed = (iteration // args.eval_interval) * args.eval_iters * gbs

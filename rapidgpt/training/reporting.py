@@ -5,11 +5,12 @@ import sys
 
 from tqdm import tqdm
 
-from rapidgpt.global_vars import get_logger, get_tensorboard_writer, is_console_rank
+from rapidgpt.global_vars import get_logger, get_tensorboard_writer, get_timers, is_console_rank
 
 
 def training_log_line(iteration, train_iters, consumed_samples, ms_per_iteration, learning_rate,
-                      global_batch_size, losses, loss_scale, grad_norm, skipped, nan, tokens_per_second):
+                      global_batch_size, losses, loss_scale, grad_norm, skipped, nan, per_second,
+                      unit="tokens"):
     """Megatron's training line, field for field (`losses`: {name: interval mean})."""
     line = f" iteration {iteration:8d}/{train_iters:8d} |"
     line += f" consumed samples: {consumed_samples:12d} |"
@@ -23,7 +24,7 @@ def training_log_line(iteration, train_iters, consumed_samples, ms_per_iteration
         line += f" grad norm: {grad_norm:.3f} |"
     line += f" number of skipped iterations: {skipped:3d} |"
     line += f" number of nan iterations: {nan:3d} |"
-    line += f" tokens per second: {tokens_per_second:.1f} |"
+    line += f" {unit} per second: {per_second:.1f} |"
     return line
 
 
@@ -59,8 +60,9 @@ def report_metrics(label, iteration, metrics, split="validation"):
 class Reporter:
     """Accumulates per-iteration results and writes the log line every `log_interval` iterations."""
 
-    def __init__(self, args, train_iters, start_iteration=0):
-        self.args = args
+    def __init__(self, args, train_iters, start_iteration=0, unit="tokens"):
+        self.args, self.unit = args, unit
+        self.timers = get_timers()
         self.train_iters = train_iters
         self.writer = get_tensorboard_writer()
         self.logger = get_logger()
@@ -73,7 +75,7 @@ class Reporter:
     def _reset(self):
         self.loss_sum, self.iters, self.skipped, self.nan, self.seconds = {}, 0, 0, 0, 0.0
 
-    def iteration(self, iteration, consumed_samples, losses, lr, grad_norm, finite, seconds, tokens):
+    def iteration(self, iteration, consumed_samples, losses, lr, grad_norm, finite, seconds, units):
         """Record one training iteration (`losses`: {name: value}); log when the interval is full."""
         self.iters += 1
         self.seconds += seconds
@@ -94,14 +96,19 @@ class Reporter:
             for name, value in losses.items():
                 self.writer.add_scalar(name, value, iteration)
             self.writer.add_scalar("grad-norm", grad_norm, iteration)
-            self.writer.add_scalar("tokens-per-second", tokens / max(seconds, 1e-9), iteration)
+            self.writer.add_scalar(f"{self.unit}-per-second", units / max(seconds, 1e-9), iteration)
         if iteration % self.args.log_interval == 0 or iteration == self.train_iters:
             counted = max(self.iters - self.nan, 1)
             per_iter = self.seconds / self.iters
             self.logger.info(training_log_line(
                 iteration, self.train_iters, consumed_samples, per_iter * 1000.0, lr,
                 self.args.global_batch_size, {n: v / counted for n, v in self.loss_sum.items()},
-                1.0, grad_norm, self.skipped, self.nan, tokens / max(per_iter, 1e-9)))
+                1.0, grad_norm, self.skipped, self.nan, units / max(per_iter, 1e-9), self.unit))
+            if self.args.timing_log_level >= 1:         # a collective: every rank logs here
+                timing = self.timers.log(["batch-generator", "forward-backward-optimizer", "evaluate"],
+                                         normalizer=self.iters)
+                if timing:
+                    self.logger.info(timing)
             self._reset()
 
     def close(self):

@@ -7,8 +7,8 @@
            parameters counted once);   clip to --clip-grad
     if norm is finite:        optimizer(grads, lr)      (skipped steps are counted and logged)
 
-Everything above runs inside a single `mindspore.jit` graph. Measured on CPU (MINDSPORE_NOTES and
-benchmarks/bench_pretrain.py): the fused graph trains as fast as GRAPH_MODE `TrainOneStepCell`,
+Everything above runs inside a single `mindspore.jit` graph. Measured on CPU
+(benchmarks/bench_pretrain.py): the fused graph trains as fast as GRAPH_MODE `TrainOneStepCell`,
 while the same work split over two graphs (gradients, then update) is about 2x slower, and an
 eager forward with a compiled model is slower still. The tensor-dependent `if` around the update
 is what loss scaling needs anyway, and it also stops a MindSpore runtime thread from spinning.
@@ -27,6 +27,7 @@ from rapidgpt.parallel.random import set_micro_batch_key
 from rapidgpt.parallel.state import (get_data_parallel_group, get_data_parallel_rank,
                                      get_data_parallel_world_size, get_tensor_model_parallel_group,
                                      get_tensor_model_parallel_rank)
+from rapidgpt.training.hook_contract import diagnose_first_step
 
 
 def loss_of(output):
@@ -103,12 +104,19 @@ class TrainStep:
     def __init__(self, forward, optimizer, num_micro_batches, clip_grad, jit=True):
         cell = _StepCell(forward, optimizer, num_micro_batches, clip_grad)
         self._step = ms.jit(cell.construct) if jit else cell
+        self._forward, self._ran = forward, False
 
     def __call__(self, stacked, lr, iteration):
         # mutable: a dict/tuple of tensors is otherwise a compile-time constant, and the step
         # would be compiled again for every batch.
-        loss, norm, finite = self._step(ms.mutable(stacked), Tensor(lr, ms.float32),
-                                        Tensor(iteration, ms.uint32))
+        try:
+            loss, norm, finite = self._step(ms.mutable(stacked), Tensor(lr, ms.float32),
+                                            Tensor(iteration, ms.uint32))
+        except Exception as error:
+            if self._ran:
+                raise
+            diagnose_first_step(self._forward, select_micro_batch(stacked, 0), error)
+        self._ran = True
         return float(loss), float(norm), bool(finite)
 
 
@@ -120,6 +128,14 @@ class EvalStep:
             return ops.stop_gradient(loss_of(forward(micro_batch)))
 
         self._step = ms.jit(step) if jit else step
+        self._forward, self._ran = forward, False
 
     def __call__(self, micro_batch):
-        return float(self._step(ms.mutable(micro_batch)))
+        try:
+            loss = self._step(ms.mutable(micro_batch))
+        except Exception as error:
+            if self._ran:
+                raise
+            diagnose_first_step(self._forward, micro_batch, error)
+        self._ran = True
+        return float(loss)

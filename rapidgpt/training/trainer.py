@@ -10,16 +10,18 @@ import inspect
 import time
 
 import numpy as np
-from mindspore import Tensor
+from mindspore import Tensor, nn
 
-from rapidgpt.global_vars import get_args, get_logger
+from rapidgpt.global_vars import get_args, get_logger, get_timers
 from rapidgpt.optim import build_lr_scheduler, build_optimizer
 from rapidgpt.parallel.comm import AllGather, sum_over_ranks
 from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
-from rapidgpt.parallel.state import get_data_parallel_group
+from rapidgpt.parallel.state import get_data_parallel_group, get_parallel_state
+from rapidgpt.training.checkpoint_files import start_checkpoint
 from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_pretrained_weights,
-                                             save_checkpoint, start_checkpoint)
+                                             save_checkpoint)
+from rapidgpt.training.hook_contract import HookContractError, check_datasets
 from rapidgpt.training.reporting import Reporter
 from rapidgpt.training.step import EvalStep, TrainStep
 
@@ -52,10 +54,16 @@ def hook(signature):
 class Trainer:
     """Base of the templates: hooks are the methods marked with `@hook` in the subclasses."""
 
+    # How the training log line names the loss and counts throughput (Megatron's pretraining
+    # line: "lm loss", tokens per second).
+    loss_name = "lm loss"
+    throughput_unit = "tokens"
+
     def __init__(self, engine=None):
         self.engine = engine
         self.args = get_args()
         self.logger = get_logger()
+        self.timers = get_timers()
         self._gather = None
 
     def check_hooks(self):
@@ -74,27 +82,41 @@ class Trainer:
         Parameters declared by RapidGPT layers get their seeded, layout-independent values here,
         before anything is compiled.
         """
+        self.timers("model-and-optimizer-setup").start()
         result = self.model_optimizer_lr_scheduler_provider(**provider_kwargs)
-        if not (isinstance(result, tuple) and len(result) == 3):
-            raise TypeError("model_optimizer_lr_scheduler_provider must return (model, optimizer or "
-                            "None, lr_scheduler or None)")
-        model, optimizer, scheduler = result
+        model, optimizer, scheduler = check_datasets(result, "model_optimizer_lr_scheduler_provider",
+                                                     ("model", "optimizer or None", "lr_scheduler or None"))
+        if not isinstance(model, nn.Cell):
+            raise HookContractError(f"model_optimizer_lr_scheduler_provider returned a {type(model).__name__} "
+                                    f"as the model; it must be a mindspore.nn.Cell")
         check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
+        tp_rank, _, pp_rank = get_parallel_state().coordinates()
+        count = sum(int(np.prod(p.shape)) for p in model.get_parameters())
+        self.logger.info(f" > number of parameters on (tensor, pipeline) model parallel rank "
+                         f"({tp_rank}, {pp_rank}): {count}")
         if optimizer is None:
             optimizer = build_optimizer(self.args, model.trainable_params())
         if scheduler is None:
             scheduler = build_lr_scheduler(self.args)
         if not hasattr(optimizer, "parameters"):
-            raise TypeError("the optimizer from model_optimizer_lr_scheduler_provider needs "
-                            "`parameters` and must be callable as optimizer(grads, lr); use "
-                            "rapidgpt.optim.AdamW/SGD or return None to build one from the flags")
+            raise HookContractError("the optimizer from model_optimizer_lr_scheduler_provider needs "
+                                    "`parameters` and must be callable as optimizer(grads, lr); use "
+                                    "rapidgpt.optim.AdamW/SGD or return None to build one from the flags")
+        self.timers("model-and-optimizer-setup").stop()
         return model, optimizer, scheduler
 
     def load_checkpoint_if_asked(self):
         """Megatron's start: resume from --load when it holds a checkpoint, else take the model
         weights of --pretrained-checkpoint (parameters it lacks keep their fresh initialisation).
         Returns (iteration, consumed samples) to continue from."""
+        self.timers("load-checkpoint").start()
+        try:
+            return self._load_checkpoint_if_asked()
+        finally:
+            self.timers("load-checkpoint").stop()
+
+    def _load_checkpoint_if_asked(self):
         flag, _ = start_checkpoint(self.args)
         if flag is None and self.args.load:
             self.logger.warning(f"WARNING: no checkpoint under --load {self.args.load}: starting from "
@@ -113,8 +135,11 @@ class Trainer:
         return iteration, consumed
 
     def save(self, iteration, consumed):
+        self.timers("save-checkpoint").start()
         path = save_checkpoint(self.args, iteration, consumed, self.model, self.optimizer, self.lr_scheduler)
+        self.timers("save-checkpoint").stop()
         self.logger.info(f"  successfully saved checkpoint at iteration {iteration:7d} to {path}")
+        self.logger.info(self.timers.log(["save-checkpoint"]))
 
     def _exit_reason(self, iteration, started, exit_signal):
         """Why training stops after `iteration` (None: it goes on). All ranks stop at the same
@@ -133,31 +158,34 @@ class Trainer:
         return reason
 
     def train_loop(self, model, optimizer, scheduler, forward, train_batches, train_iters,
-                   evaluate=None, eval_interval=None, tokens_per_sample=None, start_iteration=0,
-                   consumed=0):
+                   evaluate=None, eval_interval=None, start_iteration=0, consumed=0):
         """Iterations `start_iteration+1 .. train_iters`; `evaluate(iteration)` every `eval_interval`.
 
         Saves every --save-interval and at the end (with --save). On SIGTERM/SIGINT,
         --exit-interval or --exit-duration-in-mins it saves at the step boundary and returns
         False (training did not finish); otherwise True.
         """
-        args = self.args
+        args, timers = self.args, self.timers
         n, gbs = args.num_micro_batches, args.global_batch_size
-        tokens_per_sample = tokens_per_sample or args.seq_length
+        units_per_iteration = gbs * (args.seq_length if self.throughput_unit == "tokens" else 1)
         step = TrainStep(forward, optimizer, n, args.clip_grad, jit=args.jit)
-        reporter = Reporter(args, train_iters, start_iteration)
+        reporter = Reporter(args, train_iters, start_iteration, self.throughput_unit)
         model.set_train(True)
         started, iteration, saved = time.time(), start_iteration, True
         try:
             with ExitSignal() as exit_signal:
                 for iteration in range(start_iteration + 1, train_iters + 1):
                     start = time.perf_counter()
+                    timers("batch-generator", log_level=1).start()
                     stacked = stack_micro_batches([next(train_batches) for _ in range(n)])
+                    timers("batch-generator", log_level=1).stop()
+                    timers("forward-backward-optimizer", log_level=1).start()
                     loss, norm, finite = step(stacked, scheduler.get_lr(), iteration)
+                    timers("forward-backward-optimizer", log_level=1).stop()
                     scheduler.step(gbs)
                     consumed += gbs
-                    reporter.iteration(iteration, consumed, {"lm loss": loss}, scheduler.get_lr(), norm,
-                                       finite, time.perf_counter() - start, gbs * tokens_per_sample)
+                    reporter.iteration(iteration, consumed, {self.loss_name: loss}, scheduler.get_lr(), norm,
+                                       finite, time.perf_counter() - start, units_per_iteration)
                     if evaluate is not None and eval_interval and iteration % eval_interval == 0:
                         self._evaluate_in_eval_mode(model, evaluate, iteration)
                     saved = bool(args.save and args.save_interval and iteration % args.save_interval == 0)
@@ -175,12 +203,21 @@ class Trainer:
             self.save(iteration, consumed)
         return True
 
+    def log_setup_times(self):
+        """Megatron's start-up report: the set-up phases' times, before training starts."""
+        text = self.timers.log(["model-and-optimizer-setup", "train/valid/test-data-iterators-setup",
+                                "load-checkpoint"])
+        if text:
+            self.logger.info(text)
+
     def _evaluate_in_eval_mode(self, model, evaluate, iteration):
+        self.timers("evaluate", log_level=1).start()
         model.set_train(False)
         try:
             evaluate(iteration)
         finally:
             model.set_train(True)
+            self.timers("evaluate", log_level=1).stop()
 
     def eval_step(self, forward):
         """A compiled forward-only `micro_batch -> loss` over this trainer's forward hook."""

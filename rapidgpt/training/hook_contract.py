@@ -1,0 +1,97 @@
+"""What the four hooks must return, checked where a mistake would otherwise surface as pages of
+MindSpore compile errors (or a bare StopIteration) far from its cause.
+
+The forward hook is checked only when the first step fails: the step is then re-run eagerly on
+the same micro-batch to find the cause (`diagnose_first_step`), so a correct hook costs nothing.
+MindSpore writes `rank_N/om/analyze_fail.ir` into the working directory when a graph fails to
+compile; it is moved under --log-dir (or deleted) so a failed run leaves nothing behind there.
+"""
+import glob
+import os
+import shutil
+import tempfile
+
+from mindspore import Tensor
+
+from rapidgpt.errors import UserError
+
+
+class HookContractError(UserError, TypeError):
+    """A hook returned something the engine cannot use; the message says what it must return."""
+
+
+def check_datasets(result, hook, expected):
+    """`result` of a datasets provider hook must be a tuple of `len(expected)` values."""
+    if not isinstance(result, (tuple, list)) or len(result) != len(expected):
+        got = f"{len(result)} values" if isinstance(result, (tuple, list)) else type(result).__name__
+        raise HookContractError(f"{hook} returned {got}; it must return ({', '.join(expected)}) -- "
+                                f"None for a split you do not have")
+    return result
+
+
+def check_length(dataset, needed, split, how):
+    """A user's map-style dataset must hold the samples the run will draw from it."""
+    if dataset is not None and len(dataset) < needed:
+        raise HookContractError(
+            f"train_valid_test_datasets_provider returned a {split} dataset of {len(dataset)} samples, but "
+            f"this run draws {needed} from it ({how}); return a longer dataset (Megatron's datasets are "
+            f"built to the sample counts the hook is given) or lower the counts")
+
+
+def forward_output_problem(output):
+    """Why a forward hook's `output` is not a loss (None when it is): a scalar Tensor, or
+    Megatron's `(output, loss_fn)` whose loss_fn gives one."""
+    if isinstance(output, tuple):
+        if len(output) != 2 or not callable(output[1]):
+            kinds = ", ".join(type(x).__name__ for x in output)
+            return (f"returned a tuple ({kinds}); return the scalar loss, or Megatron's (output, loss_fn) "
+                    f"with loss_fn(output) -> loss. If you return (logits, loss), return loss alone")
+        output = output[1](output[0])
+        if isinstance(output, tuple):
+            output = output[0]
+    if not isinstance(output, Tensor):
+        return f"returned {type(output).__name__}; it must return the loss as a scalar MindSpore Tensor"
+    if output.ndim != 0:
+        return (f"returned a tensor of shape {list(output.shape)}, not a scalar loss (logits?); reduce it "
+                f"to the mean loss, e.g. with ops.cross_entropy(logits, labels)")
+    return None
+
+
+def diagnose_first_step(forward, micro_batch, error):
+    """The first step raised `error`: run `forward(micro_batch)` eagerly to name a hook mistake
+    (raises HookContractError), else re-raise `error`."""
+    _move_compile_report()
+    try:
+        output = forward(micro_batch)
+    except TypeError as e:
+        if "is not an iterator" in str(e) or "object is not an iterator" in str(e):
+            raise HookContractError(
+                "run_forward_step calls next(data_iterator), but inside the compiled step it receives the "
+                "micro-batch itself; use rapidgpt.next_batch(data_iterator), which is next() outside the "
+                "step and the batch inside it (or run with --no-jit)") from None
+        raise error from None
+    except Exception:         # noqa: BLE001 - not a contract problem: the original error says more
+        raise error from None
+    problem = forward_output_problem(output)
+    if problem:
+        raise HookContractError(f"run_forward_step {problem}") from None
+    raise error
+
+
+def _move_compile_report():
+    """Move MindSpore's analyze_fail.ir out of the working directory (to --log-dir or a temp dir)."""
+    from rapidgpt.global_vars import get_args, get_logger
+    reports = glob.glob(os.path.join("rank_*", "om", "analyze_fail.ir"))
+    if not reports:
+        return
+    target = get_args().log_dir or tempfile.mkdtemp(prefix="rapidgpt_compile_")
+    os.makedirs(target, exist_ok=True)
+    for report in reports:
+        rank_dir, om_dir = report.split(os.sep)[0], os.path.dirname(report)
+        destination = os.path.join(target, f"{rank_dir}_analyze_fail.ir")
+        shutil.move(report, destination)
+        get_logger().info(f" MindSpore's compile report moved to {destination}")
+        if not os.listdir(om_dir):
+            os.rmdir(om_dir)
+            if not os.listdir(rank_dir):
+                os.rmdir(rank_dir)

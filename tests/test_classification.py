@@ -1,5 +1,8 @@
 """Sequence classification: data files and label map, encoding, metrics, --pretrained-checkpoint,
-and `--task sequence_classification` end to end (best checkpoint, exact resume mid-epoch)."""
+and `--task sequence_classification` end to end (best checkpoint, exact resume mid-epoch, evaluating
+a saved classifier with --skip-train and --predictions-file), metrics under data parallelism."""
+import contextlib
+import io
 import json
 import os
 import re
@@ -12,12 +15,14 @@ from mindspore import nn
 
 from rapidgpt.arguments import parse_args
 from rapidgpt.data.classification import (ClassificationDataError, ClassificationDataset, Example,
-                                          classification_datasets, label_names, read_examples)
+                                          classification_datasets, label_names, read_examples, write_predictions)
 from rapidgpt.tasks.pretraining import main as pretrain_main
 from rapidgpt.tasks.sequence_classification import main as classify_main
 from rapidgpt.training.checkpoint_files import BEST, CheckpointError, iteration_dir, read_metadata
 from rapidgpt.training.checkpointing import load_pretrained_weights, save_checkpoint
-from rapidgpt.training.metrics import classification_metrics, evaluate_classification
+from rapidgpt.training import finetuner
+from rapidgpt.training.finetuner import DataParallelMetrics
+from rapidgpt.training.metrics import Predictions, classification_metrics, evaluate_classification, predict_classes
 
 
 class CharTokenizer:
@@ -95,6 +100,13 @@ def test_datasets_label_map_from_training_or_checkpoint(tmp_path):
     args.labels, args.num_classes = None, 3
     with pytest.raises(ClassificationDataError, match=r"--num-classes 3, but the training data has 2 labels"):
         classification_datasets(args, CharTokenizer())
+    # Evaluating a checkpoint: no training data, the checkpoint's label map.
+    args.data_path, args.valid_data_path, args.labels, args.num_classes = None, [valid], None, None
+    with pytest.raises(ClassificationDataError, match=r"no label map: give the training data"):
+        classification_datasets(args, CharTokenizer())
+    args.labels = ["neg", "neutral", "pos"]
+    train_ds, valid_ds, _ = classification_datasets(args, CharTokenizer())
+    assert train_ds is None and [valid_ds[i]["label"] for i in range(2)] == [0, 1] and args.num_classes == 3
 
 
 def test_encoding_layout_and_truncation():
@@ -133,6 +145,99 @@ class HostTensor(np.ndarray):
 
     def asnumpy(self):
         return self.view(np.ndarray)
+
+
+def two_rank_gather(run):
+    """`run(loader, gather)` as data-parallel rank 0 of 2 sees it: the loaders of a 10-sample set
+    split over 2 ranks by EvalDataLoader (micro batch 2); rank 1's arrays are recorded from a first
+    run and appended to rank 0's by the fake gather, as the collective does."""
+    def loader(rank):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(finetuner, "get_data_parallel_rank", lambda: rank)
+            patch.setattr(finetuner, "get_data_parallel_world_size", lambda: 2)
+            return finetuner.EvalDataLoader(list(range(10)), 2, None)
+
+    rank_0, rank_1 = loader(0), loader(1)
+    assert rank_0.indices.tolist() == [0, 1, 4, 5, 8, 9] and rank_1.indices.tolist() == [2, 3, 6, 7]
+    assert (rank_0.num_samples, rank_1.num_samples, len(rank_0), len(rank_1)) == (6, 4, 3, 2)
+    recorded = []
+    run(rank_1, lambda values: recorded.append(values) or values)
+    rank_1_values = iter(recorded)
+    return run(rank_0, lambda values: np.concatenate([values, next(rank_1_values)]))
+
+
+class HostBatches:
+    """An EvalDataLoader's batches with HostTensors of `logits` and `label` rows of its samples."""
+
+    def __init__(self, loader, logits, labels):
+        self.loader, self.logits, self.labels, self.indices = loader, logits, labels, loader.indices
+
+    def __iter__(self):
+        for batch in self.loader.sampler:
+            yield {"logits": self.logits[batch].view(HostTensor), "label": self.labels[batch].view(HostTensor)}
+
+
+def test_predictions_gathered_from_two_ranks_come_in_dataset_order():
+    rng = np.random.default_rng(0)
+    logits, labels = rng.normal(size=(10, 3)).astype(np.float32), rng.integers(0, 3, 10).astype(np.int32)
+    predictions = two_rank_gather(lambda loader, gather: predict_classes(
+        lambda batch: batch["logits"], HostBatches(loader, logits, labels), gather))
+    assert predictions.classes.tolist() == logits.argmax(axis=-1).tolist()
+    assert predictions.labels.tolist() == labels.tolist()
+    expected = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(predictions.probabilities, expected, rtol=1e-6)
+
+
+def test_write_predictions(tmp_path):
+    predictions = Predictions(np.array([1, 0]), np.array([[0.25, 0.75], [0.9, 0.1]], np.float32), np.array([0, 0]))
+    path = tmp_path / "p.jsonl"
+    write_predictions(str(path), predictions, ["négatif", "positive"])
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert lines == [{"index": 0, "prediction": "positive", "label": "négatif",
+                      "probabilities": {"négatif": 0.25, "positive": 0.75}},
+                     {"index": 1, "prediction": "négatif", "label": "négatif",
+                      "probabilities": {"négatif": 0.9, "positive": 0.1}}]
+    assert os.listdir(tmp_path) == ["p.jsonl"]
+
+
+class Warnings:
+    def __init__(self):
+        self.messages = []
+
+    def warning(self, message):
+        self.messages.append(message)
+
+
+def test_metrics_that_differ_between_data_parallel_ranks_are_combined_and_reported_once():
+    # Rank 0 evaluated 6 samples, 4 right; rank 1 evaluated 4, all right: 8/10 over the set.
+    logger = Warnings()
+    ranks = DataParallelMetrics(lambda row: np.concatenate([row, [[4, 1.0, 0.5]]]), logger)
+    assert ranks.agree({"accuracy": 4 / 6, "f1": 0.5}, 6) == pytest.approx({"accuracy": 0.8, "f1": 0.5})
+    (message,) = logger.messages
+    assert "accuracy: rank 0 0.666667, rank 1 1.000000; samples evaluated: rank 0 6, rank 1 4" in message
+    assert "f1:" not in message                                       # equal on both ranks
+    assert ("run_compute_metrics sees 1/DP of the validation set on each data-parallel rank; gather "
+            "predictions/labels with self.gather(...) before computing metrics") in message
+    assert "not for metrics like F1" in message
+    assert ranks.agree({"accuracy": 0.5, "f1": 0.5}, 6) == pytest.approx({"accuracy": 0.7, "f1": 0.5})
+    assert len(logger.messages) == 1                                  # once per run
+    # A rank without samples does not count; equal values (gathered metrics) are kept as they are.
+    empty = DataParallelMetrics(lambda row: np.concatenate([row, [[0, np.nan]]]), Warnings())
+    assert empty.agree({"accuracy": 0.25}, 8) == {"accuracy": 0.25}
+    logger = Warnings()
+    same = DataParallelMetrics(lambda row: np.concatenate([row, [[4, 1 / 3]]]), logger)
+    assert same.agree({"accuracy": 1 / 3}, 6) == {"accuracy": 1 / 3} and logger.messages == []
+
+
+def test_the_ranks_weighted_accuracy_is_the_accuracy_of_the_whole_set():
+    rng = np.random.default_rng(1)
+    logits, labels = rng.normal(size=(10, 3)).astype(np.float32), rng.integers(0, 3, 10).astype(np.int32)
+
+    def run(loader, gather):          # a run_compute_metrics that does not gather, then the engine's check
+        metrics = evaluate_classification(lambda batch: batch["logits"], HostBatches(loader, logits, labels))
+        return DataParallelMetrics(gather, Warnings()).agree(metrics, loader.num_samples)
+
+    assert two_rank_gather(run)["accuracy"] == pytest.approx(np.mean(logits.argmax(axis=-1) == labels))
 
 
 # ---- --pretrained-checkpoint: weights only, name prefix, report ---------------------------------
@@ -216,16 +321,34 @@ def data(tmp_path_factory):
     return {"train": reviews(folder / "train.jsonl", 128, 1), "valid": reviews(folder / "valid.jsonl", 64, 2)}
 
 
-def classify(capsys, pretrained, data, *argv):
-    argv = ["--task", "sequence_classification", "--pretrained-checkpoint", pretrained,
-            "--data-path", data["train"], "--valid-data-path", data["valid"], "--micro-batch-size", "8",
-            "--global-batch-size", "16", "--lr", "3e-3", "--log-interval", "1", "--no-progress-bar",
-            "--hidden-dropout", "0", "--attention-dropout", "0", *argv]
-    assert classify_main(argv[2:]) == 0
-    out = capsys.readouterr().out
+def run_task(*argv):
+    """`rapidgpt --task sequence_classification ARGV` in this process -> what it printed."""
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        status = classify_main(["--task", "sequence_classification", *argv])
+    assert status == 0, out.getvalue()
+    return out.getvalue()
+
+
+def classify(pretrained, data, *argv):
+    """Finetune the pretrained GPT on the reviews -> (losses, validations, printed output)."""
+    out = run_task("--pretrained-checkpoint", pretrained, "--data-path", data["train"], "--valid-data-path",
+                   data["valid"], "--micro-batch-size", "8", "--global-batch-size", "16", "--lr", "3e-3",
+                   "--log-interval", "1", "--no-progress-bar", "--hidden-dropout", "0", "--attention-dropout", "0",
+                   *argv)
     losses = {int(m.group(1)): (m.group(2), m.group(3)) for m in LOSS_LINE.finditer(out)}
     validations = {int(m.group(2)): (m.group(3), m.group(4)) for m in VALIDATION_LINE.finditer(out)}
     return losses, validations, out
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, pretrained, data):
+    """3 epochs from the pretrained GPT, saved every 8 iterations, then the test set -> (the --save
+    folder, its best iteration, (losses, validations, printed output))."""
+    save = str(tmp_path_factory.mktemp("finetuned") / "ckpt")
+    run = classify(pretrained, data, "--epochs", "3", "--save", save, "--save-interval", "8", "--test-data-path",
+                   data["valid"])
+    accuracies = {iteration: float(accuracy) for iteration, (accuracy, _) in run[1].items()}
+    return save, max(accuracies, key=lambda it: (accuracies[it], -it)), run          # the first best epoch
 
 
 def model_tensors(checkpoint_dir):
@@ -237,10 +360,8 @@ def model_tensors(checkpoint_dir):
     return {name: saved[name].asnumpy() for name in names}
 
 
-def test_finetune_from_a_pretrained_gpt_keeps_the_best_epoch(tmp_path, capsys, pretrained, data):
-    save = str(tmp_path / "finetuned")
-    losses, validations, out = classify(capsys, pretrained, data, "--epochs", "3", "--save", save,
-                                        "--save-interval", "8", "--test-data-path", data["valid"])
+def test_finetune_from_a_pretrained_gpt_keeps_the_best_epoch(finetuned):
+    save, best_iteration, (losses, validations, out) = finetuned
     assert "labels 0=negative, 1=positive" in out
     assert re.search(r"loaded 28 of the model's 30 parameters from --pretrained-checkpoint .* into 'backbone.'", out)
     assert "newly initialised (not in the checkpoint): head.bias, head.weight" in out
@@ -249,8 +370,7 @@ def test_finetune_from_a_pretrained_gpt_keeps_the_best_epoch(tmp_path, capsys, p
     first, last = (np.mean([float(losses[i][0]) for i in part]) for part in (range(1, 5), range(21, 25)))
     assert last < first - 0.2, out
     accuracies = {iteration: float(acc) for iteration, (acc, _) in validations.items()}
-    assert max(accuracies.values()) > 0.8, out
-    best_iteration = max(accuracies, key=lambda it: (accuracies[it], -it))       # the first best epoch
+    assert max(accuracies.values()) > 0.8 and accuracies[best_iteration] == max(accuracies.values()), out
     best = read_metadata(iteration_dir(os.path.join(save, BEST), best_iteration))
     assert best["best"] == {"metric": "accuracy", "value": accuracies[best_iteration],
                             "epoch": best_iteration / 8, "iteration": best_iteration}
@@ -265,13 +385,13 @@ def test_finetune_from_a_pretrained_gpt_keeps_the_best_epoch(tmp_path, capsys, p
     assert re.search(r"test at the end of training \(iteration 24\) \| accuracy: [\d.]+ \| f1: [\d.]+ \|", out), out
 
 
-def test_finetuning_resumes_mid_epoch_exactly(tmp_path, capsys, pretrained, data):
-    full, full_validations, _ = classify(capsys, pretrained, data, "--epochs", "2")
+def test_finetuning_resumes_mid_epoch_exactly(tmp_path, pretrained, data):
+    full, full_validations, _ = classify(pretrained, data, "--epochs", "2")
     save = str(tmp_path / "finetuned")
-    first, _, out = classify(capsys, pretrained, data, "--epochs", "2", "--load", save, "--save", save,
+    first, _, out = classify(pretrained, data, "--epochs", "2", "--load", save, "--save", save,
                              "--exit-interval", "5")
     assert "no checkpoint under --load" in out and "starting from --pretrained-checkpoint" in out
-    resumed, validations, out = classify(capsys, pretrained, data, "--epochs", "2", "--load", save,
+    resumed, validations, out = classify(pretrained, data, "--epochs", "2", "--load", save,
                                          "--save", save)
     assert f"loaded checkpoint from {save} at iteration 5" in out and "--pretrained-checkpoint" not in out
     assert sorted(first) == [1, 2, 3, 4, 5] and sorted(resumed) == list(range(6, 17))
@@ -280,13 +400,36 @@ def test_finetuning_resumes_mid_epoch_exactly(tmp_path, capsys, pretrained, data
     assert validations == full_validations and sorted(validations) == [8, 16]
 
 
+def test_a_finetuned_classifier_is_evaluated_without_training_data(tmp_path, finetuned, data):
+    save, best_iteration, (_, validations, _) = finetuned
+    accuracy, f1 = validations[best_iteration]
+    predictions = tmp_path / "predictions.jsonl"
+    out = run_task("--load", os.path.join(save, BEST), "--skip-train", "--valid-data-path", data["valid"],
+                   "--predictions-file", str(predictions), "--no-progress-bar")
+    assert "labels 0=negative, 1=positive" in out and "--skip-train: weights only" in out
+    evaluation = re.search(rf"validation of the --load checkpoint \(iteration {best_iteration}\) \| accuracy: "
+                           rf"([\d.]+) \| f1: ([\d.]+) \|", out)
+    assert evaluation and evaluation.groups() == (accuracy, f1), out
+    lines = [json.loads(line) for line in predictions.read_text().splitlines()]
+    with open(data["valid"]) as f:
+        assert [line["label"] for line in lines] == [json.loads(example)["label"] for example in f]
+    assert [line["index"] for line in lines] == list(range(64))
+    assert np.mean([line["prediction"] == line["label"] for line in lines]) == float(accuracy)
+    for line in lines:
+        probabilities = line["probabilities"]
+        assert list(probabilities) == ["negative", "positive"]
+        assert sum(probabilities.values()) == pytest.approx(1, abs=1e-5)         # each rounded to 6 decimals
+        assert line["prediction"] == max(probabilities, key=probabilities.get)
+
+
 @pytest.mark.parametrize("argv, message", [
-    ([], "--data-path: --task sequence_classification needs the training data; give --data-path TRAIN.jsonl|.tsv"),
+    ([], "--task sequence_classification needs the training data; give --data-path TRAIN.jsonl|.tsv (or "
+         "--skip-train --load DIR to evaluate)"),
     (["--data-path", "t.jsonl"], "--epochs: --task sequence_classification needs --epochs N (or --train-iters)"),
     (["--data-path", "t.jsonl", "--train-data", "u.jsonl", "--epochs", "1"],
      "--train-data-path: give the training data with --data-path or --train-data-path, not both"),
     (["--data-path", "t.jsonl", "--epochs", "1", "--best-metric", "loss"],
-     "--best-metric: loss: sequence_classification reports accuracy and f1"),
+     "loss: sequence_classification reports accuracy and f1"),
     (["--data-path", "t.jsonl", "--epochs", "1", "--num-classes", "1"], "--num-classes: must be >= 2, got 1"),
 ])
 def test_task_flag_errors(argv, message, capsys):

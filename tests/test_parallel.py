@@ -268,3 +268,27 @@ def test_finetuner_user_script_on_tp2_x_dp2_reproduces_the_single_process_run(en
     status, log = msrun(4, ["rapidgpt/cli.py"] + finetune + ["--tensor-model-parallel-size", "2"], tmp_path, env)
     assert status == 0, log[-3000:]
     assert_same_run(values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)], reference)
+
+
+def test_metrics_a_finetuner_forgot_to_gather_are_combined_over_data_parallel_ranks(env, tmp_path):
+    """run_compute_metrics without self.gather: on DP=2 each rank scores its own share of the 40
+    validation samples (24 and 16). The run warns once, then reports, and keeps best/ by, the
+    ranks' sample-weighted mean: for accuracy, the single-process run's value."""
+    flags = ["--user-script", "tests/distributed/mlp_finetuner.py", "--micro-batch-size", "8",
+             "--global-batch-size", "16", "--epochs", "2", "--lr", "1e-2", "--log-interval", "1", "--no-progress-bar",
+             "--no-gather-metrics"]
+    status, log = single(flags, env)
+    assert status == 0 and "different values" not in log, log[-3000:]
+    reference = [float(a) for a in ACCURACY.findall(log)]
+    assert len(reference) == 2
+    save = tmp_path / "ckpt"
+    status, log = msrun(2, ["rapidgpt/cli.py"] + flags + ["--save", str(save)], tmp_path / "dp2", env)
+    assert status == 0, log[-3000:]
+    warning = re.findall(r"WARNING: run_compute_metrics returned different values on the data-parallel ranks "
+                         r"\((.*?); samples evaluated: rank 0 24, rank 1 16\)", log)
+    assert len(warning) == 1 and "accuracy: rank 0 " in warning[0], log[-3000:]
+    assert "gather predictions/labels with self.gather(...) before computing metrics" in log
+    accuracies = [float(a) for a in ACCURACY.findall(log)]
+    assert accuracies == pytest.approx(reference, abs=1e-6)
+    best = json.loads(Path(find_checkpoint(str(save / "best")), "metadata.json").read_text())["best"]
+    assert best["value"] == pytest.approx(max(reference), abs=1e-6)

@@ -7,7 +7,11 @@
 
     # your own labelled files and a pretrained GPT (its checkpoint supplies the model flags):
     rapidgpt --user-script user_scripts/finetune_classification.py --pretrained-checkpoint ckpt/ \
-        --data-path train.jsonl --valid-data-path valid.jsonl --micro-batch-size 16 --epochs 3
+        --data-path train.jsonl --valid-data-path valid.jsonl --micro-batch-size 16 --epochs 3 --save runs/topics
+
+    # evaluate the best epoch kept by --save (its checkpoint supplies the model flags and labels):
+    rapidgpt --user-script user_scripts/finetune_classification.py --load runs/topics/best --skip-train \
+        --valid-data-path valid.jsonl
 
 (launch/finetune_classification.sh runs it with the embedded demo corpus's tokenizer).
 `rapidgpt --task sequence_classification` is the same job as a black box, with the built-in
@@ -117,11 +121,18 @@ class GPTClassifier(nn.Cell):
 # The Finetuner
 # ----------------------------------------------------------------------------------------------
 
+def reads_files(args):
+    """Whether the data comes from files: training data, or only validation data to evaluate a
+    saved model with (--skip-train --load DIR, whose checkpoint records the label map)."""
+    return bool(args.data_path or args.train_data_path or args.valid_data_path)
+
+
 class TopicClassificationFinetuner(Finetuner):
 
     def train_valid_test_datasets_provider(self):
         """Train, validation (and test) sets: the files of --data-path, --valid-data-path,
-        --test-data-path, else made-up sentences (train and validation from different seeds).
+        --test-data-path (no training set when only evaluating), else made-up sentences (train
+        and validation from different seeds).
 
         Samples are {"tokens", "position_ids" [seq_length], "last_index", "label" []} numpy
         arrays: the sentence's tokens and an end-of-text token, right-padded to --seq-length.
@@ -129,7 +140,7 @@ class TopicClassificationFinetuner(Finetuner):
         batch, which is all these datasets need.
         """
         args, tokenizer = self.args, get_tokenizer()
-        if args.data_path or args.train_data_path:
+        if reads_files(args):
             return (*classification_datasets(args, tokenizer, self.logger), None)
         args.labels = sorted(TOPICS)[:args.num_classes]        # class id -> name, kept in checkpoints
         train = ClassificationDataset(topic_examples(args.train_size, args.labels, args.seed), args.labels,
@@ -177,7 +188,7 @@ def check_flags(args):
         problem = ("the sentences need a tokenizer: pass --tokenizer-type GPT2BPETokenizer --vocab-file "
                    "vocab.json --merge-file merges.txt, or a --pretrained-checkpoint that records one "
                    "(launch/finetune_classification.sh uses the demo corpus's)")
-    elif not (args.data_path or args.train_data_path):
+    elif not reads_files(args):
         args.num_classes = args.num_classes or 3
         if args.num_classes > len(TOPICS):
             problem = f"--num-classes {args.num_classes}: the made-up data has {len(TOPICS)} topics"

@@ -194,23 +194,28 @@ class ClassificationDataset:
 
 
 def _read_files(paths, flag):
-    return [example for path in paths for example in read_examples(path, flag)]
+    """The examples of the files `paths` (given as `flag`), one after the other; None without files."""
+    return [example for path in paths for example in read_examples(path, flag)] if paths else None
 
 
 def classification_datasets(args, tokenizer, logger=None):
-    """(train, valid, test) ClassificationDatasets from the flags; valid/test None when not given.
+    """(train, valid, test) ClassificationDatasets from the flags; None for those not given.
 
     Train: --data-path (or --train-data-path) FILE..., valid: --valid-data-path, test:
     --test-data-path (several files are concatenated). The label map is `args.labels` when the
-    run resumes a checkpoint that records one, otherwise the training labels' map, which is
+    run starts from a checkpoint that records one, otherwise the training labels' map, which is
     stored in `args.labels` (checkpoints record it); `args.num_classes` is checked against it, or
-    set from it.
+    set from it. Without training data (evaluating a checkpoint: --skip-train --load) the
+    checkpoint's map is the only one there is.
     """
     train_flag = "--train-data-path" if args.train_data_path else "--data-path"
     train_examples = _read_files(args.train_data_path or args.data_path, train_flag)
     labels_from = "the training data"
     if args.labels:
         labels_from = "the label map of the checkpoint this run starts from"
+    elif train_examples is None:
+        raise ClassificationDataError("no label map: give the training data (--data-path TRAIN.jsonl|.tsv), "
+                                      "or --load a classifier's checkpoint, which records its labels")
     else:
         args.labels = label_names(example.label for example in train_examples)
     if args.num_classes is not None and args.num_classes != len(args.labels):
@@ -220,11 +225,13 @@ def classification_datasets(args, tokenizer, logger=None):
     args.num_classes = len(args.labels)
 
     def dataset(examples):
+        if examples is None:
+            return None
         return ClassificationDataset(examples, args.labels, tokenizer, args.seq_length, labels_from)
 
     train = dataset(train_examples)
-    valid = dataset(_read_files(args.valid_data_path, "--valid-data-path")) if args.valid_data_path else None
-    test = dataset(_read_files(args.test_data_path, "--test-data-path")) if args.test_data_path else None
+    valid = dataset(_read_files(args.valid_data_path, "--valid-data-path"))
+    test = dataset(_read_files(args.test_data_path, "--test-data-path"))
     if logger is not None:
         sizes = ", ".join(f"{name} {len(ds)}" for name, ds in (("train", train), ("valid", valid), ("test", test))
                           if ds is not None)
@@ -233,3 +240,25 @@ def classification_datasets(args, tokenizer, logger=None):
                     + ", ".join(f"{i}={label}" for i, label in enumerate(args.labels))
                     + f"; {truncated} inputs truncated to --seq-length {args.seq_length}")
     return train, valid, test
+
+
+def write_predictions(path, predictions, labels):
+    """Write `predictions` (rapidgpt.training.metrics.Predictions, in dataset order) to `path`, one
+    JSON line per example of the evaluated files, in their order:
+
+        {"index": 0, "prediction": "positive", "label": "negative",
+         "probabilities": {"negative": 0.312, "positive": 0.688}}
+
+    `index` counts the examples from 0 (over the files, one after the other, blank lines
+    skipped); `prediction` is the likeliest label, `label` the file's; `probabilities` is the
+    softmax of the logits (6 decimals) by label, in the label map's order (`labels`). Written to
+    a temporary file, then renamed: a reader never sees a partial file.
+    """
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for index, (predicted, label, probabilities) in enumerate(
+                zip(predictions.classes, predictions.labels, predictions.probabilities)):
+            f.write(json.dumps({"index": index, "prediction": labels[predicted], "label": labels[label],
+                                "probabilities": {name: round(float(p), 6) for name, p in zip(labels, probabilities)}},
+                               ensure_ascii=False) + "\n")
+    os.replace(tmp, path)

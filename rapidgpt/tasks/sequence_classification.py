@@ -4,6 +4,10 @@
         --data-path train.jsonl --valid-data-path valid.jsonl --epochs 3 \
         --micro-batch-size 16 --lr 2e-5 --lr-warmup-fraction 0.1 --save finetuned/
 
+    # evaluate the kept best epoch; one prediction per validation example into predictions.jsonl
+    rapidgpt --task sequence_classification --load finetuned/best --skip-train \
+        --valid-data-path valid.jsonl --predictions-file predictions.jsonl
+
 Data: .jsonl or .tsv files of `text` (or `text_a` + `text_b`) and `label`, encoded as
 rapidgpt/data/classification.py describes (a pair is joined as `text_a EOD text_b EOD`). Model:
 the GPT described by the checkpoint (its metadata supplies the architecture and tokenizer flags)
@@ -11,17 +15,25 @@ plus a linear head on the last real token, rapidgpt/models/classification.py. Th
 as `lm loss`, as Megatron's finetuning does) is the cross-entropy of the labels. After every
 epoch the validation set's accuracy and macro-F1 are logged and, with --save, the best epoch by
 --best-metric (accuracy by default) is kept under `<save>/best/`.
+
+--skip-train --load DIR evaluates a checkpoint: it needs no training data and no --epochs (the
+label map comes from the checkpoint). --predictions-file FILE writes, after each validation (the
+last one stays: with --skip-train the loaded checkpoint's), one JSON line per validation
+example in file order, `{"index", "prediction", "label", "probabilities"}`
+(rapidgpt.data.classification.write_predictions); rank 0 writes it, from every data-parallel
+rank's predictions.
 """
 from mindspore import ops
 
 from rapidgpt.arguments import parse_args
-from rapidgpt.data.classification import ClassificationDataError, classification_datasets
+from rapidgpt.data.classification import ClassificationDataError, classification_datasets, write_predictions
 from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.global_vars import get_tokenizer
 from rapidgpt.models.classification import build_gpt_classifier
+from rapidgpt.parallel.state import get_parallel_state
 from rapidgpt.tasks.pretraining import vocab_size
 from rapidgpt.training.finetuner import Finetuner
-from rapidgpt.training.metrics import evaluate_classification
+from rapidgpt.training.metrics import classification_metrics, predict_classes
 
 
 def logits(model, batch):
@@ -42,7 +54,12 @@ class SequenceClassificationFinetuner(Finetuner):
         return ops.cross_entropy(logits(model, batch), batch["label"])
 
     def run_compute_metrics(self, model, eval_dataloader):
-        return evaluate_classification(lambda batch: logits(model, batch), eval_dataloader, self.gather)
+        predictions = predict_classes(lambda batch: logits(model, batch), eval_dataloader, self.gather)
+        path = self.args.predictions_file
+        if path and eval_dataloader.split == "validation" and get_parallel_state().rank == 0:
+            write_predictions(path, predictions, self.args.labels)
+            self.logger.info(f" predictions for the {len(predictions.labels)} validation examples written to {path}")
+        return classification_metrics(predictions.classes, predictions.labels)
 
 
 def main(argv=None, args=None):

@@ -8,7 +8,13 @@
         def run_forward_step(self, batch, model):             # batch: dict/tuple of tensors
             return loss
         def run_compute_metrics(self, model, eval_dataloader):
-            ...                                               # loop over batches, return {"accuracy": ...}
+            predictions, labels = [], []
+            for batch in eval_dataloader:                      # this rank's share of the set
+                predictions.append(model(batch["x"]).argmax(axis=-1).asnumpy())
+                labels.append(batch["label"].asnumpy())
+            predictions = self.gather(np.concatenate(predictions))   # every DP rank's, concatenated
+            labels = self.gather(np.concatenate(labels))
+            return {"accuracy": float((predictions == labels).mean())}
 
 `run_forward_step` is compiled into the training step (mindspore.jit); `run_compute_metrics` runs
 eagerly with the model in eval mode, over batches of tensors. Training runs `--epochs` passes
@@ -21,32 +27,108 @@ mid-epoch); a test set, if given, once at the end. With --save, the best evaluat
 --load or --pretrained-checkpoint), replaced only by a strictly better evaluation, never pruned
 by --keep-last-n-checkpoints, its metadata.json recording {"best": {metric, value, epoch,
 iteration}}. A resumed run competes with the best its earlier part kept.
+
+With data parallelism each DP rank evaluates 1/DP of the samples (`eval_dataloader.indices`);
+`self.gather` collects every rank's arrays so that the metrics cover the whole set. Metrics that
+still differ between DP ranks (run_compute_metrics did not gather) are detected after each
+evaluation: a warning says so once, and the metrics reported, and compared for `best/`, are then
+each rank's value weighted by its number of samples (`DataParallelMetrics`).
+
+--skip-train evaluates the --load checkpoint's weights on the validation and test sets, without
+a training set, --epochs, optimizer or learning-rate schedule: the provider may return
+`train=None`.
 """
 import os
 
+import numpy as np
+
 from rapidgpt.data.samplers import EpochSampler, SequentialSampler, micro_batches
 from rapidgpt.parallel.comm import sum_over_ranks
+from rapidgpt.parallel.layers import check_tensor_parallel_model
+from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import get_data_parallel_rank, get_data_parallel_world_size, get_parallel_state
-from rapidgpt.training.checkpoint_files import BEST, best_record
-from rapidgpt.training.checkpointing import save_checkpoint
+from rapidgpt.training.checkpoint_files import BEST, best_record, find_checkpoint, read_metadata
+from rapidgpt.training.checkpointing import load_checkpoint, save_checkpoint
 from rapidgpt.training.reporting import report_metrics
 from rapidgpt.training.trainer import Trainer, hook, to_tensors
 
 
 class EvalDataLoader:
     """Re-iterable batches of tensors over an evaluation dataset: each sample once, in order, on
-    one data-parallel rank (rank r takes the r-th micro-batch of each group of DP micro-batches)."""
+    one data-parallel rank (rank r takes the r-th micro-batch of each group of DP micro-batches).
 
-    def __init__(self, dataset, micro_batch_size, collate_fn):
-        self.dataset, self.micro_batch_size, self.collate_fn = dataset, micro_batch_size, collate_fn
+    `indices` are the dataset indices of this rank's samples in the order its batches hold them
+    (`self.gather(indices)` lines gathered rows up with the dataset), `num_samples` their count;
+    `split` is "validation" or "test".
+    """
+
+    def __init__(self, dataset, micro_batch_size, collate_fn, split="validation"):
+        self.dataset, self.collate_fn, self.split = dataset, collate_fn, split
+        self.sampler = SequentialSampler(len(dataset), micro_batch_size, get_data_parallel_rank(),
+                                         get_data_parallel_world_size())
 
     def __iter__(self):
-        sampler = SequentialSampler(len(self.dataset), self.micro_batch_size, get_data_parallel_rank(),
-                                    get_data_parallel_world_size())
-        return map(to_tensors, micro_batches(self.dataset, sampler, self.collate_fn))
+        return map(to_tensors, micro_batches(self.dataset, self.sampler, self.collate_fn))
 
     def __len__(self):
-        return -(-len(self.dataset) // self.micro_batch_size)
+        """The number of batches this rank's iteration yields."""
+        return sum(1 for _ in self.sampler)
+
+    @property
+    def indices(self):
+        return np.array([i for batch in self.sampler for i in batch], np.int64)
+
+    @property
+    def num_samples(self):
+        return len(self.indices)
+
+
+class DataParallelMetrics:
+    """Makes every data-parallel rank report the same metrics, and says so when they did not.
+
+    `agree(metrics, num_samples)` gathers one row `[num_samples, *values]` from each DP rank. Equal
+    values (run_compute_metrics gathered, so each rank computed over the whole set): `metrics` is
+    returned as it is. Different: each metric becomes the mean of the ranks' values weighted by
+    their number of samples — the same on every rank, exact for per-sample averages such as
+    accuracy (the weighted mean of per-rank accuracies is the accuracy over the union), not for
+    metrics like F1 — and the first time, one warning names the metrics, the ranks' values and
+    the fix.
+    """
+
+    def __init__(self, gather, logger):
+        self.gather, self.logger, self.warned = gather, logger, False
+
+    def agree(self, metrics, num_samples):
+        names = list(metrics)
+        # [DP, 1 + metrics]. The gather sends fp32: values equal on every rank stay equal, and the
+        # means below come from these same rows on every rank, so the ranks agree to the bit.
+        rows = self.gather(np.array([[num_samples, *metrics.values()]], np.float64))
+        differing = [column for column in range(1, rows.shape[1])
+                     if not all(np.array_equal(value, rows[0, column], equal_nan=True)
+                                for value in rows[:, column])]
+        if not differing:
+            return metrics
+        if not self.warned:
+            self.warned = True
+            self.logger.warning(self._warning([names[column - 1] for column in differing], rows[:, differing],
+                                              rows[:, 0]))
+        # A rank without samples computed its metrics over nothing (NaN, or anything): weight 0.
+        counted = rows[rows[:, 0] > 0]
+        means = counted[:, 0] @ counted[:, 1:] / counted[:, 0].sum()
+        return {name: float(mean) for name, mean in zip(names, means)}
+
+    @staticmethod
+    def _warning(names, values, samples):
+        """The warning: `values [DP, len(names)]` of the differing metrics, `samples [DP]`."""
+        per_rank = "; ".join(f"{name}: " + ", ".join(f"rank {rank} {value:.6f}" for rank, value in enumerate(column))
+                             for name, column in zip(names, values.T))
+        counts = ", ".join(f"rank {rank} {int(n)}" for rank, n in enumerate(samples))
+        return (f"WARNING: run_compute_metrics returned different values on the data-parallel ranks "
+                f"({per_rank}; samples evaluated: {counts}). run_compute_metrics sees 1/DP of the validation "
+                f"set on each data-parallel rank; gather predictions/labels with self.gather(...) before "
+                f"computing metrics. Until then each metric is reported, and compared for best/, as the mean "
+                f"over the data-parallel ranks weighted by their number of samples: exact for per-sample "
+                f"averages such as accuracy, not for metrics like F1.")
 
 
 class Finetuner(Trainer):
@@ -71,6 +153,13 @@ class Finetuner(Trainer):
         self.check_hooks()
         args = self.args
         train_ds, valid_ds, test_ds, collate_fn = self.train_valid_test_datasets_provider()
+        self.history, self.best = [], None
+        self._data_parallel_metrics = DataParallelMetrics(self.gather, self.logger)
+        if args.skip_train:
+            return self._evaluate_checkpoint(valid_ds, test_ds, collate_fn)
+        if train_ds is None:
+            raise ValueError("train_valid_test_datasets_provider returned no training set; give the "
+                             "training data, or --skip-train --load DIR to only evaluate a checkpoint")
         iters_per_epoch = len(train_ds) // args.global_batch_size
         if iters_per_epoch == 0:
             raise ValueError(f"the training set has {len(train_ds)} samples, fewer than "
@@ -88,7 +177,6 @@ class Finetuner(Trainer):
                                get_data_parallel_world_size(), seed=args.seed)
         batches = micro_batches(train_ds, sampler, collate_fn, args.num_workers)
         eval_loader = EvalDataLoader(valid_ds, args.micro_batch_size, collate_fn) if valid_ds is not None else None
-        self.history = []
 
         def forward(batch):
             return self.run_forward_step(batch, model)
@@ -98,26 +186,53 @@ class Finetuner(Trainer):
             epoch = iteration / iters_per_epoch
             report_metrics(f"validation at epoch {epoch:g} (iteration {iteration})", iteration, metrics)
             self.history.append((iteration, metrics))
-            if args.save and not args.skip_train:
+            if args.save:
                 self._keep_if_best(iteration, epoch, metrics)
 
         def test(iteration):
-            metrics = self._compute_metrics(EvalDataLoader(test_ds, args.micro_batch_size, collate_fn))
+            metrics = self._compute_metrics(EvalDataLoader(test_ds, args.micro_batch_size, collate_fn, "test"))
             report_metrics(f"test at the end of training (iteration {iteration})", iteration, metrics, "test")
 
         finished = True
-        if not args.skip_train and iteration < train_iters:
+        if iteration < train_iters:
             finished = self.train_loop(model, optimizer, scheduler, forward, batches, train_iters,
                                        evaluate if eval_loader is not None else None, iters_per_epoch,
                                        start_iteration=iteration, consumed=consumed)
-        if finished and eval_loader is not None and (args.skip_train or train_iters % iters_per_epoch):
+        if finished and eval_loader is not None and train_iters % iters_per_epoch:
             self._evaluate_in_eval_mode(model, evaluate, train_iters)
         if finished and test_ds is not None:
             self._evaluate_in_eval_mode(model, test, train_iters)
         return model
 
+    def _evaluate_checkpoint(self, valid_ds, test_ds, collate_fn):
+        """--skip-train: the --load checkpoint's weights on the validation and test sets.
+
+        Nothing trains, so only the provider's model is built (its optimizer and the LR schedule,
+        which needs --train-iters, are not) and only the weights are loaded."""
+        args = self.args
+        model, _, _ = self.model_optimizer_lr_scheduler_provider()
+        check_tensor_parallel_model(model)
+        initialize_parameters(model, args.seed)       # dropout streams; the weights come from --load
+        load_checkpoint(args, model, logger=self.logger)
+        iteration = read_metadata(find_checkpoint(args.load))["iteration"]
+        self.logger.info(f" loaded checkpoint from {args.load} at iteration {iteration} (--skip-train: "
+                         f"weights only, to evaluate)")
+        self.model = model
+        model.set_train(False)
+        for split, dataset in (("validation", valid_ds), ("test", test_ds)):
+            if dataset is not None:
+                metrics = self._compute_metrics(EvalDataLoader(dataset, args.micro_batch_size, collate_fn, split))
+                report_metrics(f"{split} of the --load checkpoint (iteration {iteration})", iteration, metrics,
+                               split)
+                if split == "validation":
+                    self.history.append((iteration, metrics))
+        return model
+
     def _compute_metrics(self, loader):
-        return {name: float(value) for name, value in self.run_compute_metrics(self.model, loader).items()}
+        metrics = {name: float(value) for name, value in self.run_compute_metrics(self.model, loader).items()}
+        if get_data_parallel_world_size() == 1:
+            return metrics
+        return self._data_parallel_metrics.agree(metrics, loader.num_samples)
 
     def _keep_if_best(self, iteration, epoch, metrics):
         """Save under <save>/best/ when --best-metric beats every earlier evaluation (module doc)."""

@@ -1,4 +1,6 @@
 """Evaluation metrics computed from gathered predictions (numpy, on every rank alike)."""
+from typing import NamedTuple
+
 import numpy as np
 
 
@@ -21,6 +23,12 @@ def classification_metrics(predictions, labels):
     return {"accuracy": float(np.mean(predictions == labels)), "f1": float(np.mean(f1))}
 
 
+def _gathered(arrays, gather):
+    """This rank's `arrays` concatenated, then `gather`ed over the data-parallel ranks (a rank
+    without batches, when the set is smaller than micro batch x DP, adds nothing)."""
+    return gather(np.concatenate(arrays) if arrays else np.zeros(0, np.float32))
+
+
 def evaluate_classification(logits_of, eval_dataloader, gather=np.asarray):
     """`classification_metrics` over an evaluation set: `logits_of(batch)` gives the `[b, classes]`
     logits of each batch (its "label" `[b]` holds the class ids); `gather` (a Finetuner's
@@ -29,4 +37,31 @@ def evaluate_classification(logits_of, eval_dataloader, gather=np.asarray):
     for batch in eval_dataloader:
         predictions.append(logits_of(batch).argmax(axis=-1).asnumpy())
         labels.append(batch["label"].asnumpy())
-    return classification_metrics(gather(np.concatenate(predictions)), gather(np.concatenate(labels)))
+    return classification_metrics(_gathered(predictions, gather), _gathered(labels, gather))
+
+
+class Predictions(NamedTuple):
+    """A classifier's output over an evaluation set; row i is the set's sample i."""
+    classes: np.ndarray          # [n] the predicted class ids (argmax of the logits)
+    probabilities: np.ndarray    # [n, classes] float32, softmax of the logits
+    labels: np.ndarray           # [n] the true class ids
+
+
+def predict_classes(logits_of, eval_dataloader, gather=np.asarray):
+    """`Predictions` over a Finetuner's evaluation set, in dataset order, on every rank.
+
+    `logits_of` and `gather` as for `evaluate_classification`. The gathered rows come rank after
+    rank; `eval_dataloader.indices` (the dataset index of each of this rank's samples), gathered
+    alike, puts them back in dataset order.
+    """
+    classes, probabilities, labels = [], [], []
+    for batch in eval_dataloader:
+        logits = logits_of(batch).asnumpy().astype(np.float32)
+        exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        classes.append(logits.argmax(axis=-1))
+        probabilities.append((exp / exp.sum(axis=-1, keepdims=True)).ravel())     # flat: ranks may have none
+        labels.append(batch["label"].asnumpy())
+    order = np.argsort(gather(eval_dataloader.indices), kind="stable")
+    labels = _gathered(labels, gather)[order].astype(np.int64)
+    probabilities = _gathered(probabilities, gather).reshape(len(labels), -1)[order]
+    return Predictions(_gathered(classes, gather)[order].astype(np.int64), probabilities, labels)

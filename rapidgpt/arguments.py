@@ -555,8 +555,12 @@ def _check_checkpointing(args, check, world_size):
     check.require(not (args.skip_train and not args.load),
                   "--skip-train: evaluates a checkpoint; give --load DIR")
     check.require(not (args.finetune and not args.load), "--finetune: loads weights; give --load DIR")
-    check.require(args.predictions_file is None or args.task == "sequence_classification",
-                  "--predictions-file: written by --task sequence_classification; remove it")
+    if args.predictions_file:
+        folder = os.path.dirname(os.path.abspath(args.predictions_file))
+        check.require(args.task == "sequence_classification",
+                      "--predictions-file: written by --task sequence_classification; remove it")
+        check.require(os.path.isdir(folder), f"--predictions-file: no such directory {folder}; create it "
+                                             f"or write the file elsewhere")
 
 
 def _check_task(args, check, world_size):

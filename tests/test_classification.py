@@ -286,7 +286,7 @@ def test_pretrained_weights_load_under_a_prefix_and_report_new_and_unused(tmp_pa
 POSITIVE = "good great excellent happy love wonderful nice best".split()
 NEGATIVE = "bad awful terrible sad hate horrible poor worst".split()
 FILLER = "the movie was and a plot actor it is this very really film story of".split()
-LOSS_LINE = re.compile(r" iteration\s+(\d+)/.*?\| lm loss: ([\d.E+-]+) \|.*grad norm: ([\d.]+)")
+LOSS_LINE = re.compile(r" iteration\s+(\d+)/.*?\| loss: ([\d.E+-]+) \|.*grad norm: ([\d.]+).*samples per second")
 VALIDATION_LINE = re.compile(r"validation at epoch (\d+) \(iteration (\d+)\) \| accuracy: ([\d.]+) \| f1: ([\d.]+) \|")
 
 

@@ -34,7 +34,7 @@ TINY = ["--task", "pretraining", "--num-layers", "2", "--hidden-size", "32", "--
         "--lr-warmup-iters", "2", "--log-interval", "1", "--eval-interval", "6", "--eval-iters", "2",
         "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--no-progress-bar", "--max-new-tokens", "0",
         "--train-iters", "12", "--seed", "3", "--make-vocab-size-divisible-by", "96"]
-VALUES = re.compile(r"(lm loss(?: value)?|grad norm): ([\d.E+-]+)")
+VALUES = re.compile(r"((?:lm )?loss(?: value)?|grad norm): ([\d.E+-]+)")      # a Finetuner logs "loss"
 ACCURACY = re.compile(r"validation at epoch \d+ \(iteration \d+\) \| accuracy: ([0-9.]+)")
 
 

@@ -12,7 +12,7 @@ Data: .jsonl or .tsv files of `text` (or `text_a` + `text_b`) and `label`, encod
 rapidgpt/data/classification.py describes (a pair is joined as `text_a EOD text_b EOD`). Model:
 the GPT described by the checkpoint (its metadata supplies the architecture and tokenizer flags)
 plus a linear head on the last real token, rapidgpt/models/classification.py. The loss (logged
-as `lm loss`, as Megatron's finetuning does) is the cross-entropy of the labels. After every
+as `loss`, with samples per second) is the cross-entropy of the labels. After every
 epoch the validation set's accuracy and macro-F1 are logged and, with --save, the best epoch by
 --best-metric (accuracy by default) is kept under `<save>/best/`.
 

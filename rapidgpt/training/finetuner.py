@@ -43,12 +43,12 @@ import os
 import numpy as np
 
 from rapidgpt.data.samplers import EpochSampler, SequentialSampler, micro_batches
+from rapidgpt.flag_parser import ArgumentError
 from rapidgpt.parallel.comm import sum_over_ranks
-from rapidgpt.parallel.layers import check_tensor_parallel_model
-from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import get_data_parallel_rank, get_data_parallel_world_size, get_parallel_state
 from rapidgpt.training.checkpoint_files import BEST, best_record, find_checkpoint, read_metadata
 from rapidgpt.training.checkpointing import load_checkpoint, save_checkpoint
+from rapidgpt.training.hook_contract import HookContractError, check_returned
 from rapidgpt.training.reporting import report_metrics
 from rapidgpt.training.trainer import Trainer, hook, to_tensors
 
@@ -133,6 +133,10 @@ class DataParallelMetrics:
 
 class Finetuner(Trainer):
 
+    # Not a language model: the log line says "loss" and counts samples, not tokens.
+    loss_name = "loss"
+    throughput_unit = "samples"
+
     @hook("(self) -> (train, valid, test, collate_fn)")
     def train_valid_test_datasets_provider(self):
         raise NotImplementedError
@@ -152,26 +156,32 @@ class Finetuner(Trainer):
     def train(self):
         self.check_hooks()
         args = self.args
-        train_ds, valid_ds, test_ds, collate_fn = self.train_valid_test_datasets_provider()
+        self.timers("train/valid/test-data-iterators-setup").start()
+        train_ds, valid_ds, test_ds, collate_fn = check_returned(
+            self.train_valid_test_datasets_provider(), "train_valid_test_datasets_provider",
+            ("train", "valid", "test", "collate_fn"))
+        self.timers("train/valid/test-data-iterators-setup").stop()
         self.history, self.best = [], None
         self._data_parallel_metrics = DataParallelMetrics(self.gather, self.logger)
         if args.skip_train:
             return self._evaluate_checkpoint(valid_ds, test_ds, collate_fn)
         if train_ds is None:
-            raise ValueError("train_valid_test_datasets_provider returned no training set; give the "
-                             "training data, or --skip-train --load DIR to only evaluate a checkpoint")
+            raise HookContractError("train_valid_test_datasets_provider returned no training set; give the "
+                                    "training data, or --skip-train --load DIR to only evaluate a checkpoint")
         iters_per_epoch = len(train_ds) // args.global_batch_size
         if iters_per_epoch == 0:
-            raise ValueError(f"the training set has {len(train_ds)} samples, fewer than "
-                             f"--global-batch-size {args.global_batch_size}")
+            raise HookContractError(f"train_valid_test_datasets_provider returned a training set of "
+                                    f"{len(train_ds)} samples, fewer than --global-batch-size "
+                                    f"{args.global_batch_size}; lower the batch size or give more data")
         if not (args.epochs or args.train_iters):
-            raise ValueError("finetuning needs --epochs (or --train-iters)")
+            raise ArgumentError("--epochs: finetuning needs --epochs (or --train-iters)")
         # --epochs becomes iterations here, before the default LR schedule (which decays over
         # --train-iters) is built.
         args.train_iters = train_iters = args.train_iters or args.epochs * iters_per_epoch
         model, optimizer, scheduler = self.build_model_optimizer_scheduler()
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, scheduler
         iteration, consumed = self.load_checkpoint_if_asked()
+        self.log_setup_times()
         self.best = best_record(args.save) if args.save and iteration else None
         sampler = EpochSampler(len(train_ds), consumed, args.micro_batch_size, get_data_parallel_rank(),
                                get_data_parallel_world_size(), seed=args.seed)
@@ -210,9 +220,7 @@ class Finetuner(Trainer):
         Nothing trains, so only the provider's model is built (its optimizer and the LR schedule,
         which needs --train-iters, are not) and only the weights are loaded."""
         args = self.args
-        model, _, _ = self.model_optimizer_lr_scheduler_provider()
-        check_tensor_parallel_model(model)
-        initialize_parameters(model, args.seed)       # dropout streams; the weights come from --load
+        model, _, _ = self.build_model()              # the weights come from --load
         load_checkpoint(args, model, logger=self.logger)
         iteration = read_metadata(find_checkpoint(args.load))["iteration"]
         self.logger.info(f" loaded checkpoint from {args.load} at iteration {iteration} (--skip-train: "
@@ -239,13 +247,13 @@ class Finetuner(Trainer):
         args = self.args
         name = args.best_metric or next(iter(metrics))
         if name not in metrics:
-            raise ValueError(f"--best-metric {name}: run_compute_metrics returned {', '.join(metrics)}; "
-                             f"choose one of them")
+            raise ArgumentError(f"--best-metric: {name}: run_compute_metrics returned {', '.join(metrics)}; "
+                                f"choose one of them")
         better = self.best is None or self.best["metric"] != name or metrics[name] > self.best["value"]
         # Saving is collective: every rank must take the same decision.
         agreeing = sum_over_ranks(int(better))
         if agreeing not in (0, get_parallel_state().world_size):
-            raise ValueError(f"--best-metric {name}: the ranks' run_compute_metrics returned different values "
+            raise HookContractError(f"--best-metric {name}: the ranks' run_compute_metrics returned different values "
                              f"({agreeing} of {get_parallel_state().world_size} found a new best); gather "
                              f"predictions over data-parallel ranks with self.gather before computing metrics")
         if not better:

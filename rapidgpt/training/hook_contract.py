@@ -20,8 +20,8 @@ class HookContractError(UserError, TypeError):
     """A hook returned something the engine cannot use; the message says what it must return."""
 
 
-def check_datasets(result, hook, expected):
-    """`result` of a datasets provider hook must be a tuple of `len(expected)` values."""
+def check_returned(result, hook, expected):
+    """`result` of a provider hook must be a tuple of `len(expected)` values."""
     if not isinstance(result, (tuple, list)) or len(result) != len(expected):
         got = f"{len(result)} values" if isinstance(result, (tuple, list)) else type(result).__name__
         raise HookContractError(f"{hook} returned {got}; it must return ({', '.join(expected)}) -- "

@@ -19,7 +19,7 @@ Code that cannot be compiled runs with `--no-jit` (PyNative, slower).
 from rapidgpt.data.samplers import PretrainingSampler, micro_batches
 from rapidgpt.flag_parser import ArgumentError
 from rapidgpt.parallel.state import get_data_parallel_rank, get_data_parallel_world_size
-from rapidgpt.training.hook_contract import check_datasets, check_length
+from rapidgpt.training.hook_contract import check_returned, check_length
 from rapidgpt.training.reporting import report_validation
 from rapidgpt.training.trainer import Trainer, hook, to_tensors
 
@@ -75,7 +75,7 @@ class Pretrainer(Trainer):
             raise ArgumentError("--train-iters: pretraining needs --train-iters (or --train-samples)")
         self.timers("train/valid/test-data-iterators-setup").start()
         num_samples = self.train_val_test_num_samples()
-        train_ds, valid_ds, test_ds = check_datasets(
+        train_ds, valid_ds, test_ds = check_returned(
             self.train_valid_test_datasets_provider(num_samples), "train_valid_test_datasets_provider",
             ("train", "valid", "test"))
         if not args.skip_train:

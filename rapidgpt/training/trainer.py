@@ -21,7 +21,7 @@ from rapidgpt.parallel.state import get_data_parallel_group, get_parallel_state
 from rapidgpt.training.checkpoint_files import start_checkpoint
 from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_pretrained_weights,
                                              save_checkpoint)
-from rapidgpt.training.hook_contract import HookContractError, check_datasets
+from rapidgpt.training.hook_contract import HookContractError, check_returned
 from rapidgpt.training.reporting import Reporter
 from rapidgpt.training.step import EvalStep, TrainStep
 
@@ -76,16 +76,14 @@ class Trainer:
                 f"{type(self).__name__} must implement these hooks of {type(self).__mro__[1].__name__}:\n"
                 + "\n".join(missing))
 
-    def build_model_optimizer_scheduler(self, **provider_kwargs):
-        """The user's model/optimizer/scheduler; None optimizer or scheduler are built from the flags.
-
-        Parameters declared by RapidGPT layers get their seeded, layout-independent values here,
-        before anything is compiled.
-        """
+    def build_model(self, **provider_kwargs):
+        """The model of model_optimizer_lr_scheduler_provider, checked, with RapidGPT's seeded,
+        layout-independent values in the parameters its layers declare (before anything is
+        compiled), and Megatron's parameter-count line; its optimizer and scheduler as returned."""
         self.timers("model-and-optimizer-setup").start()
-        result = self.model_optimizer_lr_scheduler_provider(**provider_kwargs)
-        model, optimizer, scheduler = check_datasets(result, "model_optimizer_lr_scheduler_provider",
-                                                     ("model", "optimizer or None", "lr_scheduler or None"))
+        model, optimizer, scheduler = check_returned(
+            self.model_optimizer_lr_scheduler_provider(**provider_kwargs), "model_optimizer_lr_scheduler_provider",
+            ("model", "optimizer or None", "lr_scheduler or None"))
         if not isinstance(model, nn.Cell):
             raise HookContractError(f"model_optimizer_lr_scheduler_provider returned a {type(model).__name__} "
                                     f"as the model; it must be a mindspore.nn.Cell")
@@ -95,15 +93,23 @@ class Trainer:
         count = sum(int(np.prod(p.shape)) for p in model.get_parameters())
         self.logger.info(f" > number of parameters on (tensor, pipeline) model parallel rank "
                          f"({tp_rank}, {pp_rank}): {count}")
+        self.timers("model-and-optimizer-setup").stop()
+        return model, optimizer, scheduler
+
+    def build_model_optimizer_scheduler(self, **provider_kwargs):
+        """The user's model/optimizer/scheduler (`build_model`); None optimizer or scheduler are
+        built from the flags."""
+        model, optimizer, scheduler = self.build_model(**provider_kwargs)
+        self.timers("model-and-optimizer-setup").start()
         if optimizer is None:
             optimizer = build_optimizer(self.args, model.trainable_params())
         if scheduler is None:
             scheduler = build_lr_scheduler(self.args)
+        self.timers("model-and-optimizer-setup").stop()
         if not hasattr(optimizer, "parameters"):
             raise HookContractError("the optimizer from model_optimizer_lr_scheduler_provider needs "
                                     "`parameters` and must be callable as optimizer(grads, lr); use "
                                     "rapidgpt.optim.AdamW/SGD or return None to build one from the flags")
-        self.timers("model-and-optimizer-setup").stop()
         return model, optimizer, scheduler
 
     def load_checkpoint_if_asked(self):

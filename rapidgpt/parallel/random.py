@@ -129,6 +129,22 @@ def set_micro_batch_key(iteration, micro_batch):
     return ops.assign(_MICRO_BATCH_KEY, mix32(ops.bitwise_xor(mix32(iteration), _u32(micro_batch))))
 
 
+_range = ops.Range()
+
+
+def graph_arange(start, stop, dtype=ms.int32):
+    """`ops.arange(start, stop, dtype=dtype)` for Python ints, for use inside compiled graphs.
+
+    Why not ops.arange: inside a graph its argument type check (`builtins.max` over type names)
+    runs as interpreted Python (a JIT-fallback node), which MindSpore's analyzer counts as a side
+    effect. Every function that calls it is then "side-effecting", and any value such a function
+    leaves unused (`a, _ = f()`, `b, s, _ = x.shape`) makes the compile print "Some side effect
+    nodes were eliminated by mistake". Range computes in int64 here, as ops.arange does."""
+    one = ops.scalar_to_tensor(1, ms.int64)
+    values = _range(ops.scalar_to_tensor(start, ms.int64), ops.scalar_to_tensor(stop, ms.int64), one)
+    return values if dtype == ms.int64 else values.astype(dtype)
+
+
 _construction_order = itertools.count()
 
 
@@ -162,36 +178,59 @@ class Dropout(nn.Cell):
         # per cell by construction order.
         self.stream_key = _stream_key(0, f"#{next(_construction_order)}")
 
-    def _positions(self, shape, dim):
-        """FULL-tensor positions (int32) of this rank's indices along `dim`, and the dimension's
-        full size."""
-        size = shape[dim]
-        if self.partition_dim is not None and dim == self.partition_dim % len(shape):
-            start = self.tp_rank * size
-            return ops.arange(start, start + size, dtype=ms.int32), size * self.tp_size
-        return ops.arange(0, size, dtype=ms.int32), size
+    def _split_dim(self, shape):
+        """The dimension of x split over tensor-parallel ranks, or None (also when TP is 1)."""
+        if self.partition_dim is None or self.tp_size == 1:
+            return None
+        return self.partition_dim % len(shape)
 
     def row_ids(self, shape):
-        """FULL-tensor row numbers (uint32) of x's rows, shaped `[..., 1]` to broadcast."""
+        """FULL-tensor row numbers (uint32) of x's rows, shaped `[..., 1]` to broadcast.
+
+        Row-major over all dimensions but the last, counted in the full (unsplit) tensor: one range
+        when the rows are not split, else outer * (N * I) + (tp_rank * n + j) * I + inner for a
+        split dimension of local size n (full N) with I rows inside it."""
         rank = len(shape)
-        rows = ops.zeros((1,) * rank, ms.int32)
-        stride = 1
-        for dim in range(rank - 2, -1, -1):
-            positions, full = self._positions(shape, dim)
-            view = tuple(shape[d] if d == dim else 1 for d in range(rank))
-            rows = rows + positions.reshape(view) * stride
-            stride *= full
-        if stride >= 2 ** 31:
-            raise ValueError(f"Dropout: a tensor of {stride} rows is beyond this implementation's "
-                             "2^31 rows")
+        split = self._split_dim(shape)
+        if split is None or split == rank - 1:
+            count = 1
+            for size in shape[:-1]:
+                count *= size
+            self._check_rows(count)
+            return graph_arange(0, count, ms.uint32).reshape(shape[:-1] + (1,))
+        outer, inner = 1, 1
+        for size in shape[:split]:
+            outer *= size
+        for size in shape[split + 1:-1]:
+            inner *= size
+        local = shape[split]
+        full = local * self.tp_size
+        self._check_rows(outer * full * inner)
+        start = self.tp_rank * local
+        ones = (1,) * (rank - split)
+        rows = graph_arange(0, outer, ms.int64).reshape(shape[:split] + ones) * (full * inner)
+        rows = rows + (graph_arange(start, start + local, ms.int64) * inner).reshape((local,) + ones[1:])
+        if inner > 1:
+            rows = rows + graph_arange(0, inner, ms.int64).reshape(shape[split + 1:-1] + (1,))
         return rows.astype(ms.uint32)
+
+    @staticmethod
+    def _check_rows(count):
+        if count >= 2 ** 31:
+            raise ValueError(f"Dropout: a tensor of {count} rows is beyond this implementation's "
+                             "2^31 rows")
+
+    def column_ids(self, shape):
+        """FULL-tensor column numbers (uint32) of x's last dimension."""
+        size = shape[-1]
+        start = self.tp_rank * size if self._split_dim(shape) == len(shape) - 1 else 0
+        return graph_arange(start, start + size, ms.uint32)
 
     def keep_mask(self, shape):
         """The boolean keep mask for an x of this (local) shape, under the current micro-batch key."""
         key = mix32(ops.bitwise_xor(_MICRO_BATCH_KEY, self.stream_key))
-        columns, _ = self._positions(shape, len(shape) - 1)
         row_hash = ops.bitwise_or(mix32(self.row_ids(shape) * _GOLDEN + key), _ONE)
-        column_hash = ops.bitwise_or(mix32(columns.astype(ms.uint32) * _GOLDEN + mix32(key)), _ONE)
+        column_hash = ops.bitwise_or(mix32(self.column_ids(shape) * _GOLDEN + mix32(key)), _ONE)
         return row_hash * column_hash >= self.threshold
 
     def construct(self, x):

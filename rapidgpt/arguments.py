@@ -297,8 +297,14 @@ def parse_args(extra_args_provider=None, argv=None, launcher=False):
     check.messages += problems
     try:
         _resolve_pretrained_model(args, check)
+        given = given_flags(parser, argv)
         if args.load or args.pretrained_checkpoint:
-            apply_checkpoint_args(args, given_flags(parser, argv), check)
+            apply_checkpoint_args(args, given, check)
+        check.require(args.task != "pretraining" or args.data_path or args.train_data_path
+                      or not given & {"tokenizer_type", "vocab_file", "merge_file"},
+                      "--tokenizer-type: without --data-path, --task pretraining trains on the embedded demo "
+                      "corpus, which comes with its own tokenizer; give --data-path for your tokenizer's data, "
+                      "or drop the tokenizer flags")
         requested = args.nproc_per_node * args.nnodes
         validate_args(args, world_size=launched_world_size() if launched_by_msrun() else requested,
                       check=check)
@@ -335,13 +341,14 @@ def _resolve_pretrained_model(args, check):
         args.pretrained_checkpoint = path
 
 
-def checkpoint_model_flags(directory):
-    """`(model flags, where)` recorded by the checkpoint or Hugging Face GPT-2 folder `directory`."""
+def checkpoint_model_flags(directory, flag="--load"):
+    """`(model flags, where)` recorded by the checkpoint or Hugging Face GPT-2 folder `directory`
+    (given as `flag`)."""
     from rapidgpt.training.checkpoint_files import find_checkpoint, read_metadata
     if os.path.isfile(os.path.join(directory, "config.json")):
         from rapidgpt.models.hf_gpt2 import hf_folder_model_flags
         return hf_folder_model_flags(directory), os.path.join(directory, "config.json")
-    path = find_checkpoint(directory)
+    path = find_checkpoint(directory, flag=flag)
     return read_metadata(path)["model"], path
 
 
@@ -355,10 +362,12 @@ def apply_checkpoint_args(args, given, check=None):
     source, directory = start_checkpoint(args)
     if source is None:
         return                                  # --load holds no checkpoint yet: a fresh start
+    if source == "--pretrained-checkpoint" and args.pretrained_model_name_or_path:
+        source = "--pretrained-model-name-or-path"             # as the user wrote it
     try:
-        saved, where = checkpoint_model_flags(directory)
+        saved, where = checkpoint_model_flags(directory, source)
     except (CheckpointError, OSError, ValueError) as e:      # HFConversionError is a ValueError
-        check.add(f"{source}: {e}" if not str(e).startswith(source) else str(e))
+        check.add(str(e) if str(e).startswith(source) else f"{source}: {e}")
         saved = {}
     for name, value in saved.items():
         flag = "--" + name.replace("_", "-")
@@ -458,7 +467,7 @@ def _check_layout(args, check, world_size):
     if not check.require(tp >= 1, f"--tensor-model-parallel-size: must be >= 1, got {tp}"):
         tp = args.tensor_model_parallel_size = 1
     model_parallel = tp * pp
-    check.require(world_size % model_parallel == 0,
+    check.require(pp != 1 or world_size % model_parallel == 0,         # PP > 1 is refused above
                   f"--tensor-model-parallel-size: {world_size} processes cannot be split into groups of "
                   f"{tp} (TP) x {pp} (PP); make the number of processes (--nproc-per-node x --nnodes) a "
                   f"multiple of {model_parallel}")
@@ -523,11 +532,35 @@ def _check_schedule(args, check, world_size):
                   "both (this run's schedule, or the checkpoint's)")
 
 
+def _data_file_problem(path):
+    """Why the data path `path` names nothing on disk (None when it does): a Megatron prefix
+    (PREFIX.bin/.idx), a .jsonl/.tsv/.mindrecord file, or a shard of a MindRecord set (PATH0...)."""
+    if os.path.exists(path) or os.path.exists(path + ".idx"):
+        return None
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(folder) and any(name.startswith(os.path.basename(path)) for name in os.listdir(folder)):
+        return None
+    return f"{path}: no such file (nor {path}.bin/.idx); check the path"
+
+
 def _check_data(args, check, world_size):
+    from rapidgpt.data.dataset_builder import parse_data_path
     try:
         parse_split(args.split)
     except ValueError as e:
         check.add(f"--split: {e}")
+    for name in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
+        value = getattr(args, name)
+        if not value:
+            continue
+        try:
+            paths = parse_data_path(value, _flag(name))[0]
+        except ValueError as e:
+            check.add(f"{_flag(name)}: {e}" if not str(e).startswith(_flag(name)) else str(e))
+            continue
+        for path in paths:
+            problem = _data_file_problem(path)
+            check.require(problem is None, f"{_flag(name)}: {problem}")
     if args.tokenizer_type:
         kind = args.tokenizer_type
         if check.require(args.vocab_file, f"--vocab-file: required for --tokenizer-type {kind}; give "
@@ -583,6 +616,10 @@ def _check_task(args, check, world_size):
         check.require(not evaluating or args.valid_data_path,
                       "--valid-data-path: --skip-train evaluates on the validation data; give "
                       "--valid-data-path FILE.jsonl|.tsv")
+        check.require(args.tokenizer_type,
+                      "--tokenizer-type: sequence classification reads text; give --pretrained-checkpoint (or "
+                      "--load) of a checkpoint that records its tokenizer, or --tokenizer-type/--vocab-file"
+                      "/--merge-file")
         check.require(args.best_metric in (None, "accuracy", "f1"),
                       f"--best-metric: {args.best_metric}: sequence_classification reports accuracy and "
                       f"f1; choose one")

@@ -8,7 +8,7 @@ import megatron_reference as ref
 from rapidgpt.data import blended_dataset, gpt_dataset
 from rapidgpt.data.blended_dataset import BlendedDataset, blending_indices
 from rapidgpt.data.dataset_builder import blend_sizes, build_train_valid_test_datasets, parse_data_path
-from rapidgpt.data.gpt_dataset import GPTDataset, GPTDatasetConfig, normalize
+from rapidgpt.data.gpt_dataset import GPTDataset, GPTDatasetConfig
 from test_gpt_dataset import write_corpus
 
 

@@ -174,13 +174,16 @@ def test_changed_schedule_needs_the_override_flag(tmp_path):
     assert out.returncode == 1 and "Traceback" not in out.stderr
     error = [line for line in out.stderr.splitlines() if line.startswith("rapidgpt: error:")]
     assert len(error) == 1 and "--load" in error[0]
-    assert "max_lr: this run 0.002, checkpoint 0.001" in error[0] and "lr_decay_steps: this run 16, checkpoint 8" in error[0]
+    assert "--lr: this run 0.002, checkpoint 0.001" in error[0]
+    assert "decay length in samples (--lr-decay-iters, default --train-iters, x --global-batch-size; or " \
+           "--lr-decay-samples): this run 16, checkpoint 8" in error[0]
     assert "--override-opt_param-scheduler" in error[0] and "--use-checkpoint-opt_param-scheduler" in error[0]
     resumed = subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + TINY + [
         "--train-iters", "4", "--lr", "2e-3", "--load", save, "--use-checkpoint-opt_param-scheduler"],
         capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
-    # the checkpoint's schedule decays over 2 iterations to --min-lr 0: iteration 3 runs at 0
+    # the checkpoint's schedule decays over 2 iterations to --min-lr 0: iteration 3 runs at 0, and says so
+    assert "the LR schedule has finished decaying at this checkpoint" in resumed.stdout
     assert re.search(r" iteration +3/ +4 \|.*learning rate: 0\.000000E\+00", resumed.stdout)
 
 

@@ -88,6 +88,30 @@ def test_every_problem_is_reported_at_once_in_one_line_each(capsys):
         "rapidgpt: error: stray: unexpected value (no flag takes it); remove it or put its flag before it"])
 
 
+@pytest.mark.parametrize("argv,messages", [
+    (["--task", "pretraining", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json", "--merge-file",
+      "m.txt"], ["--tokenizer-type: without --data-path, --task pretraining trains on the embedded demo corpus"]),
+    (["--task", "pretraining", "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", "v.json",
+      "--data-path", "corpus_text_document"],
+     ["--tokenizer-type: BertWordPieceLowerCase is a BERT tokenizer, but --task pretraining trains the built-in GPT"]),
+    (["--task", "sequence_classification", "--data-path", "missing.jsonl", "--epochs", "1"],
+     ["--data-path: missing.jsonl: no such file (nor missing.jsonl.bin/.idx); check the path",
+      "--tokenizer-type: sequence classification reads text; give --pretrained-checkpoint"]),
+    (["--data-path", "0.5", "corpus_text_document", "0.5", "other_text_document"],
+     ["--data-path: other_text_document: no such file"]),
+    (["--task", "sequence_classification", "--skip-train", "--load", "ckpt", "--predictions-file", "no/dir/p.jsonl"],
+     ["--valid-data-path: --skip-train evaluates on the validation data", "--predictions-file: no such directory"]),
+])
+def test_task_and_data_flags_are_checked_up_front(argv, messages, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name in ("v.json", "m.txt", "corpus_text_document.bin", "corpus_text_document.idx"):
+        (tmp_path / name).write_text("")
+    with pytest.raises(SystemExit):
+        parse_args(argv=argv)
+    err = capsys.readouterr().err
+    assert all(f"rapidgpt: error: {m}" in err for m in messages), err
+
+
 def test_flags_are_checked_without_importing_mindspore():
     code = ("import sys\nfrom rapidgpt.cli import main\ntry:\n    main(['--task', 'pretraining', '--num-layer', '2'])\n"
             "except SystemExit as e:\n    assert e.code == 2\nassert 'mindspore' not in sys.modules, 'imported'\n")
@@ -111,8 +135,8 @@ def test_derived_values_and_extra_args():
 def test_megatron_command_line_parses(tmp_path, monkeypatch):
     """A Megatron GPT pretraining command line, program name changed, parses unchanged."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "v.json").write_text("{}")
-    (tmp_path / "m.txt").write_text("")
+    for name in ("v.json", "m.txt", "my_text_document.bin", "my_text_document.idx"):
+        (tmp_path / name).write_text("")
     args = parse_args(argv=(
         "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
         "--max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 8 --train-iters 100 "

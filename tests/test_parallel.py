@@ -177,7 +177,7 @@ def test_convert_checkpoint_changes_the_tensor_parallel_size(runs, env, tmp_path
                                  "--target-tensor-parallel-size", "1"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=120)
     assert one.returncode == 0 and "tensor-parallel size 2 -> 1" in one.stdout, one.stderr[-2000:]
-    assert sorted(os.listdir(tmp_path / "tp1" / "iter_0000012")) == ["metadata.json", "mp_rank_00"]
+    assert sorted(os.listdir(tmp_path / "tp1" / "iter_0000012")) == ["merges.txt", "metadata.json", "mp_rank_00", "vocab.json"]
     status, log = single(TINY + ["--load", str(tmp_path / "tp1"), "--skip-train"], env)
     assert status == 0 and "resharded" not in log, log[-3000:]
     assert_same_run(values(log), found[-1:])

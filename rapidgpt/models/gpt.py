@@ -8,7 +8,6 @@ With `--untie-embeddings-and-output-weights` the output layer has its own weight
 `position_ids` `[b, s]` default to 0..s-1 for every sequence (Megatron's data pipeline passes them,
 with --reset-position-ids restarting them at document boundaries).
 """
-import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 import numpy as np
 
@@ -17,7 +16,7 @@ from rapidgpt.models.transformer import ParallelTransformerLayer, TransformerCon
 from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy
 from rapidgpt.parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
 from rapidgpt.parallel.mappings import CopyToTensorParallelRegion, GatherFromTensorParallelRegion
-from rapidgpt.parallel.random import Dropout, ParamInit
+from rapidgpt.parallel.random import Dropout, ParamInit, graph_arange
 from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
 
 
@@ -65,7 +64,8 @@ class GPTModel(nn.Cell):
     def hidden_states(self, tokens, position_ids=None, attention_mask=None):
         """Final-LayerNorm hidden states `[b, s, h]` (for heads such as classification)."""
         if position_ids is None:
-            position_ids = ops.arange(tokens.shape[1], dtype=ms.int32)            # [s], same for each row
+            position_ids = graph_arange(0, tokens.shape[1])       # [s], same for each row (ops.arange
+            # runs interpreted Python inside a graph, which MindSpore then warns about)
         x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)   # [b, s, h]
         x = self.embedding_dropout(x)
         for layer in self.layers:

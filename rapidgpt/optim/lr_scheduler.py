@@ -109,12 +109,23 @@ class OptimizerParamScheduler:
             for name, (_, saved) in differing.items():
                 setattr(self, name, saved)
         elif differing and not override:
-            listed = "; ".join(f"{name}: this run {mine!r}, checkpoint {saved!r}"
+            listed = "; ".join(f"{SETTING_FLAGS[name]}: this run {mine!r}, checkpoint {saved!r}"
                                for name, (mine, saved) in differing.items())
             raise ValueError(f"the LR schedule differs from the checkpoint's ({listed}); pass "
                              f"--override-opt_param-scheduler to continue with this run's schedule, or "
                              f"--use-checkpoint-opt_param-scheduler to continue with the checkpoint's")
         self.num_steps = state_dict["num_steps"]
+
+
+# The flags behind each schedule setting (lengths are kept in samples: iterations x global batch).
+SETTING_FLAGS = {
+    "max_lr": "--lr", "min_lr": "--min-lr", "init_lr": "--lr-warmup-init",
+    "lr_warmup_steps": "warmup in samples (--lr-warmup-iters x --global-batch-size, or --lr-warmup-samples"
+                       "/--lr-warmup-fraction)",
+    "lr_decay_steps": "decay length in samples (--lr-decay-iters, default --train-iters, x --global-batch-size; "
+                      "or --lr-decay-samples)",
+    "lr_decay_style": "--lr-decay-style",
+}
 
 
 def build_lr_scheduler(args):

@@ -333,6 +333,11 @@ def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
                                       use_checkpoint=args.use_checkpoint_opt_param_scheduler)
         except ValueError as e:
             raise CheckpointError(f"--load {args.load}: {e}") from None
+        resumes_training = not args.skip_train and meta["iteration"] < (args.train_iters or 0)
+        if resumes_training and scheduler.num_steps >= scheduler.lr_decay_steps and logger is not None:
+            logger.warning(f"WARNING: the LR schedule has finished decaying at this checkpoint: training goes on "
+                           f"at the minimum learning rate {scheduler.min_lr:g} (--min-lr); to train further with "
+                           f"a longer schedule, pass the new flags with --override-opt_param-scheduler")
     if not args.no_load_rng and meta["rng"] is not None:
         set_rng_state(meta["rng"])
     return meta["iteration"], meta["consumed_train_samples"]

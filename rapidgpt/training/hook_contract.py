@@ -5,11 +5,12 @@ The forward hook is checked only when the first step fails: the step is then re-
 the same micro-batch to find the cause (`diagnose_first_step`), so a correct hook costs nothing.
 MindSpore writes `rank_N/om/analyze_fail.ir` into the working directory when a graph fails to
 compile; it is moved under --log-dir (or deleted) so a failed run leaves nothing behind there.
+(MindSpore also prints its own compile log to stderr before the error reaches RapidGPT; that
+cannot be held back without hiding MindSpore's errors in general.)
 """
 import glob
 import os
 import shutil
-import tempfile
 
 from mindspore import Tensor
 
@@ -79,18 +80,19 @@ def diagnose_first_step(forward, micro_batch, error):
 
 
 def _move_compile_report():
-    """Move MindSpore's analyze_fail.ir out of the working directory (to --log-dir or a temp dir)."""
+    """Take MindSpore's analyze_fail.ir out of the working directory: into --log-dir if given
+    (named in the log), else deleted (the error message says what went wrong)."""
     from rapidgpt.global_vars import get_args, get_logger
-    reports = glob.glob(os.path.join("rank_*", "om", "analyze_fail.ir"))
-    if not reports:
-        return
-    target = get_args().log_dir or tempfile.mkdtemp(prefix="rapidgpt_compile_")
-    os.makedirs(target, exist_ok=True)
-    for report in reports:
+    log_dir = get_args().log_dir
+    for report in glob.glob(os.path.join("rank_*", "om", "analyze_fail.ir")):
         rank_dir, om_dir = report.split(os.sep)[0], os.path.dirname(report)
-        destination = os.path.join(target, f"{rank_dir}_analyze_fail.ir")
-        shutil.move(report, destination)
-        get_logger().info(f" MindSpore's compile report moved to {destination}")
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+            destination = os.path.join(log_dir, f"{rank_dir}_analyze_fail.ir")
+            shutil.move(report, destination)
+            get_logger().info(f" MindSpore's compile report moved to {destination}")
+        else:
+            os.remove(report)
         if not os.listdir(om_dir):
             os.rmdir(om_dir)
             if not os.listdir(rank_dir):

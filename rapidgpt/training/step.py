@@ -112,12 +112,13 @@ class TrainStep:
         try:
             loss, norm, finite = self._step(ms.mutable(stacked), Tensor(lr, ms.float32),
                                             Tensor(iteration, ms.uint32))
+            result = float(loss), float(norm), bool(finite)     # a non-scalar "loss" fails here
         except Exception as error:
             if self._ran:
                 raise
             diagnose_first_step(self._forward, select_micro_batch(stacked, 0), error)
         self._ran = True
-        return float(loss), float(norm), bool(finite)
+        return result
 
 
 class EvalStep:
@@ -132,10 +133,10 @@ class EvalStep:
 
     def __call__(self, micro_batch):
         try:
-            loss = self._step(ms.mutable(micro_batch))
+            loss = float(self._step(ms.mutable(micro_batch)))
         except Exception as error:
             if self._ran:
                 raise
             diagnose_first_step(self._forward, micro_batch, error)
         self._ran = True
-        return float(loss)
+        return loss

@@ -283,16 +283,16 @@ def build_parser(extra_args_provider=None):
     return parser
 
 
-def parse_args(extra_args_provider=None, argv=None, launcher=False):
+def parse_args(extra_args_provider=None, argv=None, launcher=False, user_script=False):
     """Parse and validate; any problem exits with status 2, every problem on its own line.
 
     The world size validated against is the job's in a process msrun started, else the one the
-    flags ask for (--nproc-per-node x --nnodes). `launcher`: this is the `rapidgpt` process
-    before it runs a user script or starts the ranks; the script's own flags are not known to it
-    yet and pass (the script's engine checks them)."""
+    flags ask for (--nproc-per-node x --nnodes). `launcher`: this is the `rapidgpt` command,
+    which starts the ranks itself when several are asked for. `user_script`: the flags are for a
+    user script, whose own flags are not known yet and pass (the script's engine checks them)."""
     parser = build_parser(extra_args_provider)
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, problems = parser.parse(argv, tolerate_unknown=launcher)
+    args, problems = parser.parse(argv, tolerate_unknown=user_script)
     check = Problems()
     check.messages += problems
     try:

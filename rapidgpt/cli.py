@@ -59,7 +59,7 @@ def main(argv=None):
             hint = f"did you mean {close[0]}? " if close else ""
             report_and_exit([f"--task: {known.task} is not a task; {hint}choose one of {', '.join(TASKS)}"])
         from rapidgpt.arguments import parse_args
-        args = parse_args(argv=argv)                     # exits 2 on any problem, MindSpore not loaded
+        args = parse_args(argv=argv, launcher=True)      # exits 2 on any problem, MindSpore not loaded
         task = importlib.import_module(f"rapidgpt.tasks.{known.task}")
         return _run_or_launch(argv, args, lambda: task.main(args=args), getattr(task, "before_launch", None))
     script = known.user_script
@@ -67,7 +67,7 @@ def main(argv=None):
         report_and_exit([f"--user-script: {script}: no such file; check the path"])
     _check_syntax(script)
     from rapidgpt.arguments import parse_args
-    args = parse_args(argv=argv, launcher=True)          # the script's own flags pass here
+    args = parse_args(argv=argv, launcher=True, user_script=True)     # the script's own flags pass here
     sys.argv = [script] + argv
     return _run_or_launch(argv, args, lambda: runpy.run_path(script, run_name="__main__"))
 

@@ -32,6 +32,7 @@ import time
 import psutil
 
 from rapidgpt.arguments import parse_args
+from rapidgpt.msrun_env import STOP_SIGNAL_VARIABLE
 from rapidgpt.engine import select_device
 
 POLL_SECONDS = 0.2
@@ -50,7 +51,7 @@ def launch(argv, prepare=None):
     and return the exit status: 0 (also after a Ctrl-C/SIGTERM passed on to ranks that saved and
     stopped), 1 when a rank or msrun failed, 128 + signal when the job was stopped at once.
     `prepare(args)`: work done once on this node before its ranks start (e.g. the demo corpus)."""
-    args = parse_args(argv=argv, launcher=True)
+    args = parse_args(argv=argv, launcher=True, user_script=True)    # cli.py checked a task's flags strictly
     try:
         select_device(args.device)                   # fail here, not once per rank
     except ValueError as e:
@@ -149,6 +150,10 @@ class Job:
         self.passed_on = None                 # the signal passed on to the workers, once
         self.msrun = None
 
+    @property
+    def stop_signal_file(self):
+        return os.path.join(self.log_dir, ".stop_signal")
+
     def worker_log(self, rank):
         return os.path.join(self.log_dir, f"worker_{rank}.log")
 
@@ -156,7 +161,10 @@ class Job:
         stop_signals = (signal.SIGINT, signal.SIGTERM)
         previous = {s: signal.signal(s, _interrupt) for s in stop_signals}
         env = dict(os.environ, PYTHONUNBUFFERED="1",     # rank 0's lines reach the log, and the terminal, at once
-                   PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+                   PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+                   **{STOP_SIGNAL_VARIABLE: self.stop_signal_file})
+        if os.path.exists(self.stop_signal_file):       # left by an earlier job in the same --log-dir
+            os.remove(self.stop_signal_file)
         try:
             with open(self.msrun_log, "w") as out:
                 self.msrun = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -194,7 +202,7 @@ class Job:
 
     def _watch(self):
         """Until msrun ends (None) or reports a failed worker ((pid, code)). The first Ctrl-C or
-        SIGTERM is passed on to this node's workers as it came: in training they save (with --save)
+        SIGTERM is passed on to this node's workers as SIGTERM: in training they save (with --save)
         and stop at the next step boundary, every rank at the same one; a second signal, or one
         before every worker is known, stops the job at once (raises _Interrupted)."""
         msrun_lines = Follow(self.msrun_log)
@@ -204,7 +212,7 @@ class Job:
                 self._echo()
                 for line in msrun_lines.lines():
                     failed = WORKER_FAILED.search(line)
-                    if failed and self.passed_on and int(failed.group(2)) == -self.passed_on:
+                    if failed and self.passed_on and int(failed.group(2)) == -signal.SIGTERM:
                         raise _Interrupted(self.passed_on)     # a worker outside training just ends
                     if failed:
                         return int(failed.group(1)), int(failed.group(2))
@@ -214,9 +222,13 @@ class Job:
                     raise
                 self.passed_on = e.signum
                 name = signal.Signals(e.signum).name
-                for pid in self.rank_of:        # the same signal, so the ranks report what happened
+                # Passed on as SIGTERM (MindSpore's workers do not all see a SIGINT), with the
+                # signal the user sent written where the ranks read it to report it.
+                with open(self.stop_signal_file, "w") as f:
+                    f.write(name)
+                for pid in self.rank_of:
                     try:
-                        os.kill(pid, e.signum)
+                        os.kill(pid, signal.SIGTERM)
                     except ProcessLookupError:
                         pass
                 print(f"rapidgpt: {name} passed on to the ranks: they save (with --save) and stop at the next "

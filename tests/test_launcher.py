@@ -97,11 +97,11 @@ def test_sigterm_stops_every_rank(job, tmp_path):
 
 @pytest.mark.parametrize("flags,environment,message", [
     (["--nproc-per-node", "3", "--tensor-model-parallel-size", "2"], {},
-     "3 processes cannot be split into --tensor-model-parallel-size 2"),
-    (["--nproc-per-node", "2", "--nnodes", "2"], {}, "--nnodes 2: every node needs node 0's address"),
+     "--tensor-model-parallel-size: 3 processes cannot be split into groups of 2 (TP) x 1 (PP)"),
+    (["--nproc-per-node", "2", "--nnodes", "2"], {}, "--master-addr: --nnodes 2 needs node 0's address"),
     (["--nproc-per-node", "2"], {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
-     "--node-rank (or NODE_RANK) 2 is out of range for --nnodes 2"),
-    (["--nproc_per_node", "0"], {}, "--nproc-per-node must be >= 1"),
+     "--node-rank: 2 (or NODE_RANK) is out of range for --nnodes 2"),
+    (["--nproc_per_node", "0"], {}, "--nproc-per-node: must be >= 1"),
 ], ids=["tp", "master", "node-rank", "nproc"])
 def test_bad_numbers_are_refused_before_anything_starts(tmp_path, monkeypatch, capsys, flags, environment,
                                                         message):
@@ -114,7 +114,9 @@ def test_bad_numbers_are_refused_before_anything_starts(tmp_path, monkeypatch, c
     with pytest.raises(SystemExit) as exit_:
         main(["--user-script", "s.py", *flags])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1].startswith(f"rapidgpt: error: {message}")
+    err = capsys.readouterr().err.splitlines()
+    assert any(line.startswith(f"rapidgpt: error: {message}") for line in err), err
+    assert err[-1] == "rapidgpt: see 'rapidgpt --help' for every flag"
     assert not (tmp_path / "rapidgpt_logs").exists()
 
 

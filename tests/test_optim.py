@@ -74,8 +74,12 @@ def test_lr_state_dict_round_trip_and_mismatch():
     restored.load_state_dict(sched.state_dict())
     assert restored.num_steps == 123 and restored.get_lr() == sched.get_lr()
     other = OptimizerParamScheduler(1e-3, 1e-5, 80, 1600, "cosine")
-    with pytest.raises(ValueError, match="lr_decay_steps"):
+    with pytest.raises(ValueError, match=r"decay length in samples \(--lr-decay-iters, .*\): this run 1600, "
+                                         r"checkpoint 800.*--override-opt_param-scheduler.*"
+                                         r"--use-checkpoint-opt_param-scheduler"):
         other.load_state_dict(sched.state_dict())
+    other.load_state_dict(sched.state_dict(), use_checkpoint=True)
+    assert other.lr_decay_steps == 800 and other.get_lr() == sched.get_lr()
 
 
 def megatron_args(**overrides):

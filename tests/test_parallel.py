@@ -177,7 +177,8 @@ def test_convert_checkpoint_changes_the_tensor_parallel_size(runs, env, tmp_path
                                  "--target-tensor-parallel-size", "1"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=120)
     assert one.returncode == 0 and "tensor-parallel size 2 -> 1" in one.stdout, one.stderr[-2000:]
-    assert sorted(os.listdir(tmp_path / "tp1" / "iter_0000012")) == ["merges.txt", "metadata.json", "mp_rank_00", "vocab.json"]
+    assert sorted(os.listdir(tmp_path / "tp1" / "iter_0000012")) == ["merges.txt", "metadata.json", "mp_rank_00",
+                                                                     "vocab.json"]
     status, log = single(TINY + ["--load", str(tmp_path / "tp1"), "--skip-train"], env)
     assert status == 0 and "resharded" not in log, log[-3000:]
     assert_same_run(values(log), found[-1:])
@@ -210,9 +211,10 @@ def test_any_model_gets_data_parallelism_and_tensor_parallelism_needs_its_layers
 
 @pytest.mark.parametrize("target", ["launcher", "rank 1"])
 def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path, target):
-    """Pre-emption of a TP=2 job. To the launcher: it passes SIGTERM on to every rank. To rank 1
-    alone: rank 0 learns of it through the per-step agreement. Either way both ranks save their
-    piece at the same step, the checkpoint is published, and the job ends cleanly."""
+    """Stopping a TP=2 job. Ctrl-C (SIGINT) to the launcher: it passes the same signal on to every
+    rank, which report SIGINT. SIGTERM (pre-emption) to rank 1 alone: rank 0 learns of it through
+    the per-step agreement. Either way both ranks save their piece at the same step, the checkpoint
+    is published, and the job ends cleanly."""
     save = tmp_path / "ckpt"
     command = [sys.executable, "-m", "rapidgpt.cli"] + TINY + [
         "--train-iters", "100000", "--save", str(save), "--nproc-per-node", "2", "--tensor-model-parallel-size", "2",
@@ -223,7 +225,7 @@ def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path, target):
             if re.search(r"iteration\s+3/", line):
                 break
         if target == "launcher":
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGINT)
         else:
             (rank_1,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
                          if p.environ().get("MS_ROLE") == "MS_WORKER" and p.environ().get("RANK_ID") == "1"]
@@ -232,13 +234,13 @@ def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path, target):
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-3000:]
-    reason = "received SIGTERM" if target == "launcher" else r"1 other rank\(s\) stopping"
-    assert ("SIGTERM passed on to the ranks" in err) == (target == "launcher")
+    reason = "received SIGINT" if target == "launcher" else r"1 other rank\(s\) stopping"
+    assert ("SIGINT passed on to the ranks" in err) == (target == "launcher")
     stopped = int(re.search(rf"exiting at iteration (\d+): {reason}", out).group(1))
     assert stopped >= 3 and (save / "latest_checkpointed_iteration.txt").read_text() == str(stopped)
     assert checkpoint_problem(str(save / f"iter_{stopped:07d}")) is None
-    assert sorted(p.name for p in (save / f"iter_{stopped:07d}").iterdir()) == ["metadata.json", "mp_rank_00",
-                                                                              "mp_rank_01"]
+    assert sorted(p.name for p in (save / f"iter_{stopped:07d}").iterdir()) == [
+        "merges.txt", "metadata.json", "mp_rank_00", "mp_rank_01", "vocab.json"]
 
 
 def test_a_missing_tensor_parallel_piece_makes_the_checkpoint_incomplete(runs, tmp_path):

@@ -19,7 +19,7 @@ import mindspore as ms
 import numpy as np
 
 from rapidgpt import __version__
-from rapidgpt.msrun_env import launched_by_msrun
+from rapidgpt.msrun_env import launched_by_msrun, passed_on_signal
 from rapidgpt.parallel.comm import sum_over_ranks
 from rapidgpt.parallel.resharding import merge_shards, split_for_rank, tensor_parallel_layout
 from rapidgpt.parallel.state import get_parallel_state
@@ -77,7 +77,7 @@ class ExitSignal:
         return self
 
     def _handle(self, signum, frame):
-        self.received = signal.Signals(signum).name
+        self.received = passed_on_signal(signal.Signals(signum).name)
         # Under msrun a rank may get the same SIGTERM twice (from a cluster scheduler and passed on
         # by the rapidgpt launcher), and the launcher's own second signal is the hard stop.
         if not launched_by_msrun():

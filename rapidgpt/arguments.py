@@ -9,6 +9,7 @@ starts -- and before MindSpore is imported, so a mistyped flag costs a fraction 
 Derived values (data-parallel size, micro-batches per step, ...) are filled in here so that
 every other module reads one settled namespace.
 """
+import glob
 import math
 import os
 import sys
@@ -87,6 +88,7 @@ def _optimizer_args(parser):
     g.add_argument("--lr-warmup-iters", type=int, default=0)
     g.add_argument("--lr-warmup-samples", type=int, default=0)
     g.add_argument("--lr-warmup-fraction", type=float, default=None)
+    g.add_argument("--lr-warmup-init", type=float, default=0.0, help="learning rate the warmup starts from")
 
 
 def _data_args(parser):
@@ -243,8 +245,10 @@ def _logging_args(parser):
                         "scheduler.log and msrun_nodeR.log; default then: ./rapidgpt_logs/DATE-TIME")
     g.add_argument("--no-progress-bar", action="store_true", help="no tqdm bar (e.g. in CI logs)")
     g.add_argument("--timing-log-level", type=int, choices=[0, 1, 2], default=0,
-                   help="Megatron's timers: 0 none, 1 the phases of a run (set-up, data, model, "
-                        "checkpoint load/save, evaluation) and the step, 2 also its parts")
+                   help="Megatron's timers: 0 the set-up phases (model, data, checkpoint load) at "
+                        "start and each save; 1 also, at every log line, the batch generator, the "
+                        "step and evaluation; 2 the same as 1 (the step is one compiled graph: its "
+                        "forward, backward and update are not timed apart)")
     g.add_argument("--timing-log-option", choices=["max", "minmax", "all"], default="minmax",
                    help="over several ranks: the slowest rank's time, min and max, or every rank's")
     g.add_argument("--predictions-file", default=None, metavar="FILE",
@@ -305,7 +309,7 @@ def parse_args(extra_args_provider=None, argv=None, launcher=False, user_script=
                       "--tokenizer-type: without --data-path, --task pretraining trains on the embedded demo "
                       "corpus, which comes with its own tokenizer; give --data-path for your tokenizer's data, "
                       "or drop the tokenizer flags")
-        requested = args.nproc_per_node * args.nnodes
+        requested = args.nproc_per_node * (args.nnodes or 1)      # None: a bad value, reported
         validate_args(args, world_size=launched_world_size() if launched_by_msrun() else requested,
                       check=check)
         check.require(launcher or launched_by_msrun() or requested == 1,
@@ -446,6 +450,8 @@ def _check_model(args, check, world_size):
 def _check_launch(args, check, world_size):
     """Processes: nproc-per-node x nnodes (launched by rapidgpt through msrun)."""
     check.require(args.nproc_per_node >= 1, f"--nproc-per-node: must be >= 1, got {args.nproc_per_node}")
+    if args.nnodes is None or args.node_rank is None:
+        return                          # a value (or NNODES/NODE_RANK) that is not a number: reported
     if check.require(args.nnodes >= 1, f"--nnodes: must be >= 1 (or NNODES), got {args.nnodes}"):
         check.require(0 <= args.node_rank < args.nnodes,
                       f"--node-rank: {args.node_rank} (or NODE_RANK) is out of range for --nnodes "
@@ -490,15 +496,19 @@ def _check_schedule(args, check, world_size):
     """Training length, optimizer and Megatron's LR schedule flags."""
     check.require(not (args.train_iters and args.train_samples),
                   "--train-samples: give either --train-iters or --train-samples, not both")
-    for name in ("train_iters", "train_samples", "epochs"):
+    for name in ("train_iters", "train_samples", "epochs", "lr_decay_iters", "lr_decay_samples"):
         value = getattr(args, name)
         check.require(value is None or value > 0, f"{_flag(name)}: must be positive, got {value}")
+    for name in ("lr_warmup_iters", "lr_warmup_samples"):
+        check.require(getattr(args, name) >= 0, f"{_flag(name)}: must be >= 0, got {getattr(args, name)}")
     if args.train_samples and args.train_samples > 0 and args.global_batch_size > 0:
         args.train_iters = math.ceil(args.train_samples / args.global_batch_size)
     if args.lr is None:
         args.lr = 1e-4 if args.optimizer == "adam" else 1e-2
     check.require(args.lr > 0, f"--lr: must be positive, got {args.lr}")
     check.require(0 <= args.min_lr <= args.lr, f"--min-lr: {args.min_lr} must be in [0, --lr {args.lr}]")
+    check.require(0 <= args.lr_warmup_init <= args.lr,
+                  f"--lr-warmup-init: {args.lr_warmup_init} must be in [0, --lr {args.lr}]")
     check.require(args.clip_grad >= 0, f"--clip-grad: must be >= 0 (0 disables clipping), got {args.clip_grad}")
     check.require(args.weight_decay >= 0, f"--weight-decay: must be >= 0, got {args.weight_decay}")
     check.require(0 <= args.adam_beta1 < 1, f"--adam-beta1: must be in [0, 1), got {args.adam_beta1}")
@@ -509,12 +519,12 @@ def _check_schedule(args, check, world_size):
                   "--lr-warmup-fraction: give either --lr-warmup-fraction or --lr-warmup-iters/"
                   "--lr-warmup-samples, not both")
     if args.train_iters and not args.train_samples and args.lr_warmup_iters:
-        decay_iters = args.lr_decay_iters or args.train_iters
+        decay_iters = args.lr_decay_iters if args.lr_decay_iters is not None else args.train_iters
         check.require(args.lr_warmup_iters <= decay_iters,
                       f"--lr-warmup-iters: {args.lr_warmup_iters} is longer than the decay ({decay_iters} "
                       f"iterations, --lr-decay-iters or --train-iters); shorten the warmup")
     if args.train_samples and args.lr_warmup_samples:
-        decay_samples = args.lr_decay_samples or args.train_samples
+        decay_samples = args.lr_decay_samples if args.lr_decay_samples is not None else args.train_samples
         check.require(args.lr_warmup_samples <= decay_samples,
                       f"--lr-warmup-samples: {args.lr_warmup_samples} is longer than the decay "
                       f"({decay_samples} samples); shorten the warmup")
@@ -535,12 +545,9 @@ def _check_schedule(args, check, world_size):
 def _data_file_problem(path):
     """Why the data path `path` names nothing on disk (None when it does): a Megatron prefix
     (PREFIX.bin/.idx), a .jsonl/.tsv/.mindrecord file, or a shard of a MindRecord set (PATH0...)."""
-    if os.path.exists(path) or os.path.exists(path + ".idx"):
+    if path and (os.path.exists(path) or os.path.exists(path + ".idx") or glob.glob(glob.escape(path) + "[0-9]*")):
         return None
-    folder = os.path.dirname(path) or "."
-    if os.path.isdir(folder) and any(name.startswith(os.path.basename(path)) for name in os.listdir(folder)):
-        return None
-    return f"{path}: no such file (nor {path}.bin/.idx); check the path"
+    return f"{path!r}: no such file (nor {path}.bin/.idx); check the path"
 
 
 def _check_data(args, check, world_size):
@@ -600,9 +607,16 @@ def _check_task(args, check, world_size):
     check.require(args.num_classes is None or args.num_classes >= 2,
                   f"--num-classes: must be >= 2, got {args.num_classes}")
     if args.task == "pretraining":
+        check.require(args.train_iters,
+                      "--train-iters: --task pretraining needs the training length; give --train-iters "
+                      "(or --train-samples)")
         check.require(not (args.tokenizer_type or "").startswith("Bert"),
                       f"--tokenizer-type: {args.tokenizer_type} is a BERT tokenizer, but --task pretraining "
                       f"trains the built-in GPT, and this build has no BERT model; use GPT2BPETokenizer")
+    if args.task == "text_generation":
+        check.require(args.load, "--load: text generation needs the checkpoint to generate with; give --load DIR")
+        check.require(args.prompt or args.prompts_file,
+                      "--prompt: text generation needs --prompt TEXT or --prompts-file FILE")
     if args.task == "sequence_classification":
         evaluating = args.skip_train and args.load
         check.require(evaluating or args.data_path or args.train_data_path,

@@ -66,10 +66,13 @@ def main(argv=None):
     if not os.path.isfile(script):
         report_and_exit([f"--user-script: {script}: no such file; check the path"])
     _check_syntax(script)
+    sys.argv = [script] + argv
+    run = lambda: runpy.run_path(script, run_name="__main__")      # noqa: E731
+    if {"-h", "--help"} & set(argv):
+        return _reported(run)          # the script's engine prints the help, with the script's own flags
     from rapidgpt.arguments import parse_args
     args = parse_args(argv=argv, launcher=True, user_script=True)     # the script's own flags pass here
-    sys.argv = [script] + argv
-    return _run_or_launch(argv, args, lambda: runpy.run_path(script, run_name="__main__"))
+    return _run_or_launch(argv, args, run)
 
 
 def _check_syntax(script):

@@ -62,6 +62,7 @@ def _tolerant(action):
     """Make `action` record a bad value instead of stopping the parse: its type conversion and its
     choices are checked here, the problem kept in a `_BadValue`."""
     convert, choices = action.type, action.choices
+    action.convert = convert
     flag = action.option_strings[0]
     if choices is not None and action.metavar is None:
         action.metavar = "{" + ",".join(map(str, choices)) + "}"      # --help still lists them
@@ -82,6 +83,21 @@ def _tolerant(action):
         return value
 
     action.type = checked
+
+
+def _usable_default(action):
+    """The value a flag whose given value was bad falls back to, so the other checks still run: its
+    default, converted when it is a string (defaults read from the environment); None when even
+    that does not convert."""
+    if action is None:
+        return None
+    default, convert = action.default, getattr(action, "convert", None)
+    if isinstance(default, str) and convert is not None:
+        try:
+            return convert(default)
+        except (TypeError, ValueError):
+            return None
+    return default
 
 
 class ParsedFlags(argparse.Namespace):
@@ -107,16 +123,17 @@ class FlagParser(argparse.ArgumentParser):
         """`(namespace, problems)`: every value that did not convert, every unknown flag (unless
         `tolerate_unknown`: a user script may add flags this parser does not know yet)."""
         for action in self._actions:
-            if action.option_strings and (action.type is not None or action.choices is not None):
+            if action.option_strings and (action.type is not None or action.choices is not None) \
+                    and not hasattr(action, "convert"):
                 _tolerant(action)
         args, extras = self.parse_known_args(list(argv), namespace=ParsedFlags())
         problems = []
-        defaults = {action.dest: action.default for action in self._actions}
+        actions = {action.dest: action for action in self._actions}
         for name, value in vars(args).items():
             bad = [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, _BadValue)]
             if bad:
                 problems.append(bad[0].message)
-                setattr(args, name, defaults.get(name))
+                setattr(args, name, _usable_default(actions.get(name)))
         if not tolerate_unknown:
             problems += self.unknown_flag_problems(extras)
         return args, problems

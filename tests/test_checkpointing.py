@@ -280,4 +280,4 @@ def test_text_generation_task_from_a_checkpoint(tmp_path, capsys):
     assert "prompt: 'The assert statement'\ncontinuation: '" in out and "prompt: 'Classes'" in out
     result = subprocess.run([sys.executable, "-m", "rapidgpt.cli", "--task", "text_generation",
                              "--prompt", "x"], capture_output=True, text=True)
-    assert result.returncode == 1 and "text generation needs --load DIR" in result.stderr
+    assert result.returncode == 2 and "rapidgpt: error: --load: text generation needs the checkpoint" in result.stderr

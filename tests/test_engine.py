@@ -3,6 +3,7 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,10 +96,15 @@ def test_every_problem_is_reported_at_once_in_one_line_each(capsys):
       "--data-path", "corpus_text_document"],
      ["--tokenizer-type: BertWordPieceLowerCase is a BERT tokenizer, but --task pretraining trains the built-in GPT"]),
     (["--task", "sequence_classification", "--data-path", "missing.jsonl", "--epochs", "1"],
-     ["--data-path: missing.jsonl: no such file (nor missing.jsonl.bin/.idx); check the path",
+     ["--data-path: 'missing.jsonl': no such file (nor missing.jsonl.bin/.idx); check the path",
       "--tokenizer-type: sequence classification reads text; give --pretrained-checkpoint"]),
     (["--data-path", "0.5", "corpus_text_document", "0.5", "other_text_document"],
-     ["--data-path: other_text_document: no such file"]),
+     ["--data-path: 'other_text_document': no such file"]),
+    (["--nnodes", "abc", "--node-rank", "x"], ["--nnodes: 'abc' is not an integer", "--node-rank: 'x' is not an integer"]),
+    (["--data-path", "corpus"], ["--data-path: 'corpus': no such file (nor corpus.bin/.idx)"]),
+    (["--task", "text_generation", "--lr-decay-iters", "0"],
+     ["--load: text generation needs the checkpoint", "--prompt: text generation needs --prompt TEXT",
+      "--lr-decay-iters: must be positive, got 0"]),
     (["--task", "sequence_classification", "--skip-train", "--load", "ckpt", "--predictions-file", "no/dir/p.jsonl"],
      ["--valid-data-path: --skip-train evaluates on the validation data", "--predictions-file: no such directory"]),
 ])
@@ -110,6 +116,13 @@ def test_task_and_data_flags_are_checked_up_front(argv, messages, tmp_path, monk
         parse_args(argv=argv)
     err = capsys.readouterr().err
     assert all(f"rapidgpt: error: {m}" in err for m in messages), err
+
+
+def test_help_of_a_user_script_lists_its_own_flags():
+    script = Path(__file__).parent / "distributed" / "mlp_finetuner.py"
+    result = subprocess.run([sys.executable, "-m", "rapidgpt.cli", "--user-script", str(script), "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "--no-gather-metrics" in result.stdout and "--num-layers" in result.stdout
 
 
 def test_flags_are_checked_without_importing_mindspore():

@@ -319,7 +319,7 @@ def test_hub_names_are_refused_because_nothing_is_downloaded():
                              "--data-path", "x.jsonl", "--epochs", "1"], capture_output=True, text=True)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("rapidgpt: error:")]
-    assert len(errors) == 4 and any("--data-path: x.jsonl: no such file" in e for e in errors)
+    assert len(errors) == 4 and any("--data-path: 'x.jsonl': no such file" in e for e in errors)
     assert set(errors) >= {
         "rapidgpt: error: --data-name: names a Hugging Face datasets-hub dataset, and RapidGPT downloads nothing; "
         "convert the data to local files (.jsonl/.tsv for finetuning, .bin/.idx via data_tools/preprocess_data.py) "

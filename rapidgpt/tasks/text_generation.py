@@ -26,9 +26,6 @@ def read_prompts(args):
 def main(argv=None, args=None):
     """Run the task on `argv` (default: the command line), or on the already parsed `args`."""
     args = args if args is not None else parse_args(argv=argv)
-    if not args.load or not (args.prompt or args.prompts_file):
-        raise CheckpointError("text generation needs --load DIR (a RapidGPT checkpoint) and "
-                              "--prompt TEXT or --prompts-file FILE")
     find_checkpoint(args.load)                  # no checkpoint there: say so before anything else
     RapidGPTEngine(args=args)
     tokenizer = get_tokenizer()

@@ -164,8 +164,6 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
     return iteration_dir(save, iteration)
 
 
-
-
 def _storage_error(error):
     """An error of the filesystem (safetensors' writer reports a full disk in its own error type)."""
     return isinstance(error, OSError) or "No space left" in str(error)
@@ -187,16 +185,6 @@ def _save_failed(save, iteration, error):
                               f"{kept}. Free space or point --save elsewhere.")
     failure.__cause__ = error
     return failure
-
-
-
-
-
-
-
-
-
-
 
 
 class _RankCheckpoint:

@@ -8,7 +8,6 @@ compile; it is moved under --log-dir (or deleted) so a failed run leaves nothing
 (MindSpore also prints its own compile log to stderr before the error reaches RapidGPT; that
 cannot be held back without hiding MindSpore's errors in general.)
 """
-import glob
 import os
 import shutil
 
@@ -83,9 +82,14 @@ def _move_compile_report():
     """Take MindSpore's analyze_fail.ir out of the working directory: into --log-dir if given
     (named in the log), else deleted (the error message says what went wrong)."""
     from rapidgpt.global_vars import get_args, get_logger
+    from rapidgpt.parallel.state import get_parallel_state
     log_dir = get_args().log_dir
-    for report in glob.glob(os.path.join("rank_*", "om", "analyze_fail.ir")):
-        rank_dir, om_dir = report.split(os.sep)[0], os.path.dirname(report)
+    rank_dir = f"rank_{get_parallel_state().rank}"       # this rank's only: the ranks share the cwd
+    om_dir = os.path.join(rank_dir, "om")
+    report = os.path.join(om_dir, "analyze_fail.ir")
+    try:
+        if not os.path.isfile(report):
+            return
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
             destination = os.path.join(log_dir, f"{rank_dir}_analyze_fail.ir")
@@ -97,3 +101,5 @@ def _move_compile_report():
             os.rmdir(om_dir)
             if not os.listdir(rank_dir):
                 os.rmdir(rank_dir)
+    except OSError:            # tidying must never hide the error being reported
+        pass

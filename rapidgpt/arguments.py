@@ -1,7 +1,8 @@
 """Every command-line flag, under its Megatron-LM / Rapidformer name, and their validation.
 
 `parse_args(extra_args_provider, argv)` builds the parser (groups: model, batch, optimizer,
-learning rate, data, checkpoint, logging, engine, parallel, launcher, Rapidformer), lets a user
+learning rate, data, checkpoint, logging, engine, parallel, mixed precision (rapidgpt/config/precision.py),
+recompute (rapidgpt/config/recompute.py), launcher, Rapidformer), lets a user
 script add its own flags, parses, then validates everything once. Every problem of the command
 line is reported at once, one line each (`rapidgpt: error: <flag>: <what is wrong>; <what to
 do>`, unknown flags with a "did you mean"), and the program exits with status 2 before any work
@@ -15,6 +16,8 @@ import os
 import sys
 
 from rapidgpt.data.gpt_dataset import parse_split
+from rapidgpt.config.precision import add_precision_args, check_precision_args
+from rapidgpt.config.recompute import add_recompute_args, check_recompute_args
 from rapidgpt.flag_parser import ArgumentError, FlagParser, Problems, report_and_exit
 from rapidgpt.msrun_env import launched_by_msrun, launched_world_size
 
@@ -125,13 +128,6 @@ NOT_YET = {
         ("--use-distributed-optimizer", False), ("--zero-1-memory-optimization", False),
         ("--zero-2-memory-optimization", False), ("--zero-3-memory-optimization", False),
         ("--fsdp-memory-optimization", False)],
-    "mixed precision arrives with the precision release; this build trains in fp32": [
-        ("--fp16", False), ("--bf16", False), ("--mixed-precision", False), ("--loss-scale", None),
-        ("--initial-loss-scale", None), ("--min-loss-scale", None), ("--loss-scale-window", None),
-        ("--hysteresis", None)],
-    "activation recompute arrives with the recompute release": [
-        ("--recompute-granularity", None), ("--recompute-method", None),
-        ("--recompute-num-layers", None), ("--checkpoint-activations", False)],
 }
 
 
@@ -279,8 +275,8 @@ def build_parser(extra_args_provider=None):
     parser = FlagParser(description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's "
                                     "and Rapidformer's names.")
     for add in (_model_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
-                _logging_args, _engine_args, _parallel_args, _launcher_args, _rapidformer_args,
-                _reserved_args):
+                _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
+                _launcher_args, _rapidformer_args, _reserved_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -399,6 +395,8 @@ def validate_args(args, world_size=1, check=None):
     for section in (_check_refused, _check_model, _check_launch, _check_layout, _check_schedule,
                     _check_data, _check_checkpointing, _check_task, _check_generation):
         section(args, check, world_size)
+    check_precision_args(args, check)
+    check_recompute_args(args, check)
     if own:
         check.raise_if_any()
     return args

@@ -14,7 +14,9 @@ import numpy as np
 from rapidgpt.arguments import parse_args
 from rapidgpt.flag_parser import ArgumentError
 from rapidgpt.global_vars import get_logger, set_global_variables
-from rapidgpt.optim import build_lr_scheduler, build_optimizer
+from rapidgpt.config.precision import check_precision_backend
+from rapidgpt.optim import build_lr_scheduler
+from rapidgpt.optim.mixed_precision import wrap_optimizer
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
@@ -22,6 +24,7 @@ from rapidgpt.parallel.state import ParallelState, initialize_parallel_state
 from rapidgpt.tokenizer import build_tokenizer
 from rapidgpt.training.checkpoint_files import TOKENIZER_FILE_ARGS, remember_tokenizer_files
 from rapidgpt.training.compose import ComposedOptimizer
+from rapidgpt.training.model_transforms import prepare_model
 
 MINDSPORE_DEVICE = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 _THREADS_SET = False
@@ -58,6 +61,9 @@ class RapidGPTEngine:
         self.args = args if args is not None else parse_args(extra_args_provider, argv)
         args = self.args
         self.device = select_device(args.device)
+        problem = check_precision_backend(args.precision, self.device)
+        if problem:
+            raise ArgumentError(problem)
         if not comm.initialized():          # the rapidgpt CLI sets it before joining msrun's job
             ms.set_device(MINDSPORE_DEVICE[self.device])
         ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -97,16 +103,20 @@ class RapidGPTEngine:
         """Rapidformer's no-trainer mode for a hand-written loop.
 
         Returns `(model, optimizer, lr_scheduler, train_dataloader)`: the model with RapidGPT's
-        seeded initialisation, in training mode, an optimizer whose `step(forward_fn, *inputs)` runs the compiled
-        forward/backward/clip/update at the scheduler's learning rate and returns the loss, and the
-        scheduler (built from the flags when None; advance it with `lr_scheduler.step(samples)`).
+        seeded initialisation, transformed for the precision and recompute flags, in training mode;
+        an optimizer whose `step(forward_fn, *inputs)` runs the compiled
+        forward/backward/unscale/clip/update at the scheduler's learning rate and returns the loss
+        (`optimizer.last_updated` is False after a skipped step: do not advance the scheduler then,
+        as Megatron); and the scheduler (built from the flags when None; advance it with
+        `lr_scheduler.step(samples)`).
         """
         if lr_scheduler is None and not self.args.train_iters:
             raise ArgumentError("--train-iters: engine.compose builds the LR schedule, which decays over "
                                 "--train-iters (or --train-samples); give one, or pass your lr_scheduler")
         check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
+        prepare_model(model, self.args.precision, self.args.recompute, get_logger(), self.args.jit)
         model.set_train(True)          # MindSpore cells start in eval mode (no dropout)
-        optimizer = optimizer or build_optimizer(self.args, model.trainable_params())
+        optimizer = wrap_optimizer(optimizer, model, self.args)
         lr_scheduler = lr_scheduler or build_lr_scheduler(self.args)
         return model, ComposedOptimizer(optimizer, lr_scheduler, self.args), lr_scheduler, train_dataloader

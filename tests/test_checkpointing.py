@@ -25,11 +25,7 @@ TINY = ["--task", "pretraining", "--num-layers", "2", "--hidden-size", "32", "--
 LOSS_LINE = re.compile(r" iteration\s+(\d+)/.*?\| lm loss: ([\d.E+-]+) \|.*grad norm: ([\d.]+)")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def demo_cache(tmp_path_factory):
-    os.environ["RAPIDGPT_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    os.environ.pop("RAPIDGPT_CACHE_DIR", None)
+pytestmark = pytest.mark.usefixtures("demo_cache")          # tests/conftest.py
 
 
 def run(capsys, *argv):

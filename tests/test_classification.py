@@ -4,6 +4,7 @@ a saved classifier with --skip-train and --predictions-file), metrics under data
 import contextlib
 import io
 import json
+import math
 import os
 import re
 from argparse import Namespace
@@ -398,6 +399,16 @@ def test_finetuning_resumes_mid_epoch_exactly(tmp_path, pretrained, data):
     assert {i: full[i] for i in range(1, 6)} == first
     assert {i: full[i] for i in range(6, 17)} == resumed                 # loss and grad norm, to the digit
     assert validations == full_validations and sorted(validations) == [8, 16]
+
+
+def test_fp16_finetuning_with_recompute_learns_as_fp32_does(pretrained, data):
+    """--task sequence_classification --fp16: the pretrained fp32 weights go into the fp32 main
+    copies, the classifier trains in fp16 (with recompute on) and reaches the fp32 run's accuracy."""
+    losses, validations, out = classify(pretrained, data, "--epochs", "3", "--fp16", "--initial-loss-scale", "4096",
+                                        "--checkpoint-activations")
+    assert re.search(r"loaded 28 of the model's 30 parameters from --pretrained-checkpoint", out)
+    assert sorted(validations) == [8, 16, 24] and max(float(a) for a, _ in validations.values()) > 0.8, out
+    assert all(math.isfinite(float(loss)) for loss, _ in losses.values())
 
 
 def test_a_finetuned_classifier_is_evaluated_without_training_data(tmp_path, finetuned, data):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 
+from rapidgpt.optim import OptimizerWrapper
 from rapidgpt.parallel.random import Dropout, graph_arange, initialize_parameters, set_micro_batch_key
 from rapidgpt.training.step import TrainStep
 
@@ -156,7 +157,8 @@ def test_compiled_step_gives_each_micro_batch_its_own_masks():
         def forward(batch):
             return net(batch[0])
 
-        step = TrainStep(forward, SGD(net.trainable_params(), 0.1, momentum=0.0), 2, clip_grad=0.0, jit=jit)
+        step = TrainStep(forward, OptimizerWrapper.around(SGD(net.trainable_params(), 0.1, momentum=0.0)), 2,
+                         jit=jit)
         results[jit] = step((Tensor(np.stack([x, x])),), 0.1, 5)[:2]
     np.testing.assert_allclose(results[True], results[False], rtol=1e-6)
     set_micro_batch_key(Tensor(np.uint32(5)), 0)
@@ -167,7 +169,7 @@ def test_compiled_step_gives_each_micro_batch_its_own_masks():
 _COMPILE_SCRIPT = textwrap.dedent("""
     import numpy as np
     from mindspore import Tensor, nn
-    from rapidgpt.optim import SGD
+    from rapidgpt.optim import SGD, OptimizerWrapper
     from rapidgpt.parallel.random import Dropout, initialize_parameters
     from rapidgpt.training.step import TrainStep
 
@@ -191,7 +193,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     def forward(batch):
         return net(batch[0])
 
-    step = TrainStep(forward, SGD(net.trainable_params(), 0.1, momentum=0.0), 2, clip_grad=1.0)
+    step = TrainStep(forward, OptimizerWrapper.around(SGD(net.trainable_params(), 0.1, momentum=0.0), 1.0), 2)
     x = np.random.default_rng(0).standard_normal((2, 2, 3, 8)).astype(np.float32)
     print("loss", step((Tensor(x),), 0.1, 1)[0])
 """)

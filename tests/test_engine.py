@@ -12,6 +12,7 @@ from mindspore import Tensor
 from rapidgpt.arguments import ArgumentError, build_parser, padded_vocab_size, parse_args, validate_args
 from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.models.gpt import build_gpt_model, lm_loss_func
+from rapidgpt.optim import OptimizerWrapper
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import ParallelState
 from rapidgpt.training.finetuner import Finetuner
@@ -48,11 +49,24 @@ def validate(*argv):
     (["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json"], "--merge-file: required for --tokenizer-type GPT2BPETokenizer"),
     (["--hidden-dropout", "1.0"], "--hidden-dropout: must be in [0, 1)"),
     (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size: 1 processes cannot be split into groups of 2 (TP)"),
-    (["--fp16"], "--fp16: not in this build (mixed precision arrives"),
+    (["--fp16", "--bf16"], "--bf16: give either --fp16 (or --mixed-precision) or --bf16, not both"),
+    (["--loss-scale", "128"], "--loss-scale: loss scaling is for 16-bit training; add --fp16 or --bf16"),
+    (["--fp16", "--hysteresis", "0"], "--hysteresis: must be positive, got 0"),
+    (["--bf16", "--initial-loss-scale", "1024"], "--initial-loss-scale: dynamic loss scaling is fp16's"),
+    (["--fp16", "--min-loss-scale", "8", "--initial-loss-scale", "4"],
+     "--min-loss-scale: 8.0 is above --initial-loss-scale 4.0"),
+    (["--bf16", "--device", "cpu"], "--bf16: MindSpore's CPU backend has no bfloat16 MatMul"),
     (["--save-interval", "5"], "--save-interval: needs --save DIR"),
     (["--skip-train"], "--skip-train: evaluates a checkpoint; give --load"),
     (["--exit-interval", "0"], "--exit-interval: must be positive"),
-    (["--recompute-granularity", "full"], "--recompute-granularity: not in this build"),
+    (["--recompute-granularity", "full", "--recompute-num-layers", "1"],
+     "--recompute-method: full recompute needs --recompute-method uniform or block"),
+    (["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "9"],
+     "--recompute-num-layers: must be in [1, --num-layers 4], got 9"),
+    (["--recompute-activations", "--recompute-num-layers", "2"],
+     "--recompute-num-layers: only for --recompute-granularity full (selective recompute given)"),
+    (["--checkpoint-activations", "--recompute-method", "block"], "--checkpoint-activations: it means "
+     "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"),
     (["--user-script", "nope.py"], "--user-script: nope.py: no such file"),
 ])
 def test_flag_errors_name_the_flag(argv, message):
@@ -71,7 +85,7 @@ def test_parse_args_exits_2_with_one_message(capsys):
 def test_every_problem_is_reported_at_once_in_one_line_each(capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(argv=["--num-layer", "3", "--lr", "abc", "--optimizer", "adamw", "--hidden-size", "30",
-                         "--fp16", "--vocab-file", "/no/such/vocab.json", "--tokenizer-type", "GPT2BPETokenizer",
+                         "--loss-scale", "8", "--vocab-file", "/no/such/vocab.json", "--tokenizer-type", "GPT2BPETokenizer",
                          "--merge-file", "/no/such/merges.txt", "stray"])
     assert e.value.code == 2
     lines = capsys.readouterr().err.strip().split("\n")
@@ -82,8 +96,7 @@ def test_every_problem_is_reported_at_once_in_one_line_each(capsys):
         "rapidgpt: error: --optimizer: 'adamw' is not one of the choices; did you mean adam? choose one of adam, sgd",
         "rapidgpt: error: --hidden-size: 30 is not divisible by --num-attention-heads 4; choose sizes whose "
         "heads are equal",
-        "rapidgpt: error: --fp16: not in this build (mixed precision arrives with the precision release; this "
-        "build trains in fp32); remove it",
+        "rapidgpt: error: --loss-scale: loss scaling is for 16-bit training; add --fp16 or --bf16, or remove it",
         "rapidgpt: error: --vocab-file: /no/such/vocab.json: no such file; check the path",
         "rapidgpt: error: --merge-file: /no/such/merges.txt: no such file; check the path",
         "rapidgpt: error: stray: unexpected value (no flag takes it); remove it or put its flag before it"])
@@ -318,9 +331,9 @@ def test_grad_accumulation_equals_one_large_batch():
         model, batch = _model_and_batch(args, 4)
         model.set_train(True)
         optimizer = SGD(model.trainable_params(), 0.5, momentum=0.0)
-        step = TrainStep(_forward(model), optimizer, n, clip_grad=0.0)
+        step = TrainStep(_forward(model), OptimizerWrapper.around(optimizer), n)
         stacked = {k: Tensor(v.reshape((n, 4 // n) + v.shape[1:])) for k, v in batch.items()}
-        loss, norm, finite = step(stacked, 0.5, 1)
+        loss, norm, finite, _ = step(stacked, 0.5, 1)
         results.append((loss, norm, {p.name: p.asnumpy().copy() for p in model.trainable_params()}))
     (loss1, norm1, params1), (loss2, norm2, params2) = results
     assert finite and loss1 == pytest.approx(loss2, rel=1e-6) and norm1 == pytest.approx(norm2, rel=1e-5)
@@ -335,7 +348,7 @@ def test_eager_and_compiled_steps_agree():
         model, batch = _model_and_batch(args, 4)
         from rapidgpt.optim import build_optimizer
         optimizer = build_optimizer(args, model.trainable_params())
-        step = TrainStep(_forward(model), optimizer, 1, clip_grad=1.0, jit=jit)
+        step = TrainStep(_forward(model), OptimizerWrapper.around(optimizer, 1.0), 1, jit=jit)
         stacked = {k: Tensor(v[None]) for k, v in batch.items()}
         losses.append([step(stacked, 1e-3, i)[0] for i in range(1, 4)])
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
@@ -346,7 +359,7 @@ def test_loss_falls_on_a_tiny_overfit_run():
     args = make_engine("--lr", "3e-3", "--hidden-dropout", "0", "--attention-dropout", "0").args
     model, batch = _model_and_batch(args, 4)
     from rapidgpt.optim import build_optimizer
-    step = TrainStep(_forward(model), build_optimizer(args, model.trainable_params()), 1, clip_grad=1.0)
+    step = TrainStep(_forward(model), OptimizerWrapper.around(build_optimizer(args, model.trainable_params()), 1.0), 1)
     stacked = {k: Tensor(v[None]) for k, v in batch.items()}
     losses = [step(stacked, 3e-3, i)[0] for i in range(1, 41)]
     assert losses[0] > math.log(50) - 0.5 and losses[-1] < 0.5 * losses[0]
@@ -436,9 +449,9 @@ def test_non_finite_step_is_skipped_and_weights_untouched():
     args = make_engine("--hidden-dropout", "0", "--attention-dropout", "0").args
     model, batch = _model_and_batch(args, 4)
     batch["loss_mask"][0, 0] = np.nan                     # bad data: the loss and grads become NaN
-    step = TrainStep(_forward(model), build_optimizer(args, model.trainable_params()), 1, clip_grad=1.0)
+    step = TrainStep(_forward(model), OptimizerWrapper.around(build_optimizer(args, model.trainable_params()), 1.0), 1)
     before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
-    loss, norm, finite = step({k: Tensor(v[None]) for k, v in batch.items()}, 1e-3, 1)
+    loss, norm, finite, _ = step({k: Tensor(v[None]) for k, v in batch.items()}, 1e-3, 1)
     assert not finite and math.isnan(loss) and math.isnan(norm)
     for p in model.trainable_params():
         np.testing.assert_array_equal(p.asnumpy(), before[p.name], err_msg=p.name)

@@ -8,6 +8,11 @@ checkpoint). Checkpoints move between layouts: a TP=2 x DP=2 checkpoint resumes 
 a single-process one on TP=2 x DP=2, each continuing the uninterrupted run; a TP=2 checkpoint
 evaluated in one process (resharded on load, or converted by data_tools/convert_checkpoint.py)
 gives the TP=2 run's validation loss.
+
+Mixed precision and recompute: fp16 (a scale that grows and overflows within the run) at TP=2,
+DP=2 and TP=2 x DP=2 gives the single-process fp16 run's losses within 5e-3 and the same skipped
+iterations and loss scales; recompute at TP=2 (full and selective) prints exactly what TP=2
+without recompute prints.
 """
 import json
 import os
@@ -35,6 +40,8 @@ TINY = ["--task", "pretraining", "--num-layers", "2", "--hidden-size", "32", "--
         "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--no-progress-bar", "--max-new-tokens", "0",
         "--train-iters", "12", "--seed", "3", "--make-vocab-size-divisible-by", "96"]
 VALUES = re.compile(r"((?:lm )?loss(?: value)?|grad norm): ([\d.E+-]+)")      # a Finetuner logs "loss"
+FP16 = ("--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3")
+SCALES = re.compile(r" iteration\s+(\d+)/.*?\| loss scale: ([\d.]+) \|.*?number of skipped iterations:\s+(\d+)")
 ACCURACY = re.compile(r"validation at epoch \d+ \(iteration \d+\) \| accuracy: ([0-9.]+)")
 
 
@@ -67,14 +74,14 @@ def assert_same_run(found, reference):
 
 @pytest.fixture(scope="module")
 def runs(env, tmp_path_factory):
-    """`runs(nproc, tp)`: the TINY run on that layout, saving every 6 iterations, done once per
-    module -> (its printed values, its --save folder)."""
+    """`runs(nproc, tp, *flags)`: the TINY run on that layout with `flags`, saving every 6
+    iterations, done once per module -> (its printed values, its --save folder, its log)."""
     done = {}
 
-    def run(nproc, tp):
-        if (nproc, tp) not in done:
+    def run(nproc, tp, *flags):
+        if (nproc, tp) + flags not in done:
             folder = tmp_path_factory.mktemp(f"run_{nproc}x{tp}")
-            args = TINY + ["--save", str(folder / "ckpt"), "--save-interval", "6"]
+            args = TINY + ["--save", str(folder / "ckpt"), "--save-interval", "6"] + list(flags)
             if nproc == 1:
                 status, log = single(args, env)
             else:
@@ -82,10 +89,15 @@ def runs(env, tmp_path_factory):
                                     folder / "logs", env)
             assert status == 0, log[-3000:]
             found = values(log)
-            assert len(found) == 2 * 12 + 3, log[-2000:]         # 12 x (loss, norm) + 3 validations
-            done[(nproc, tp)] = found, folder / "ckpt"
-        return done[(nproc, tp)]
+            assert len(found) == 2 * (12 - len(skipped(log))) + 3, log[-2000:]   # (loss, norm) per update, 3 validations
+            done[(nproc, tp) + flags] = found, folder / "ckpt", log
+        return done[(nproc, tp) + flags]
     return run
+
+
+def skipped(log):
+    """{iteration: loss scale} of the iterations a run skipped (overflow)."""
+    return {int(i): scale for i, scale, count in SCALES.findall(log) if count != "0"}
 
 
 def single(args, env):
@@ -136,16 +148,36 @@ def test_collectives_on_subgroups_match_numpy(env, tmp_path):
 
 @pytest.mark.parametrize("nproc,tp", [(2, 2), (2, 1), (4, 2)], ids=["tp2", "dp2", "tp2xdp2"])
 def test_parallel_run_reproduces_the_single_process_run(runs, nproc, tp):
-    found, save = runs(nproc, tp)
-    reference, single_save = runs(1, 1)
+    found, save, _ = runs(nproc, tp)
+    reference, single_save, _ = runs(1, 1)
     assert_same_run(found, reference)
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
 
 
+@pytest.mark.parametrize("nproc,tp", [(2, 2), (2, 1), (4, 2)], ids=["tp2", "dp2", "tp2xdp2"])
+def test_fp16_parallel_run_follows_the_single_process_fp16_run(runs, nproc, tp):
+    found, _, log = runs(nproc, tp, *FP16)
+    reference, _, reference_log = runs(1, 1, *FP16)
+    assert 0 < len(skipped(reference_log)) < 12 and skipped(log) == skipped(reference_log)
+    assert SCALES.findall(log) == SCALES.findall(reference_log)          # every iteration's scale
+    assert [name for name, _ in found] == [name for name, _ in reference]
+    for (name, ours), (_, expected) in zip(found, reference):
+        if name != "grad norm":
+            assert ours == pytest.approx(expected, rel=5e-3), (name, ours, expected)
+
+
+@pytest.mark.parametrize("flags", [("--checkpoint-activations",), ("--recompute-activations",)],
+                         ids=["full", "selective"])
+def test_recompute_on_tp2_prints_exactly_the_run_without_it(runs, flags):
+    found, _, _ = runs(2, 2, *flags)
+    reference, _, _ = runs(2, 2)
+    assert found == reference
+
+
 def test_tp2_x_dp2_checkpoint_resumes_in_one_process(runs, env, tmp_path):
-    _, save = runs(4, 2)
-    reference, _ = runs(1, 1)
+    _, save, _ = runs(4, 2)
+    reference, _, _ = runs(1, 1)
     status, log = single(TINY + ["--load", checkpoint_of(save, 6, tmp_path)], env)
     assert status == 0, log[-3000:]
     assert "resharded checkpoint" in log and "saved at tensor-parallel size 2, resharded to 1" in log
@@ -153,8 +185,8 @@ def test_tp2_x_dp2_checkpoint_resumes_in_one_process(runs, env, tmp_path):
 
 
 def test_single_process_checkpoint_resumes_on_tp2_x_dp2(runs, env, tmp_path):
-    _, save = runs(1, 1)
-    reference, _ = runs(1, 1)
+    _, save, _ = runs(1, 1)
+    reference, _, _ = runs(1, 1)
     load = checkpoint_of(save, 6, tmp_path / "load")
     status, log = msrun(4, ["rapidgpt/cli.py"] + TINY + ["--load", load, "--tensor-model-parallel-size", "2"],
                         tmp_path / "logs", env)
@@ -164,14 +196,14 @@ def test_single_process_checkpoint_resumes_on_tp2_x_dp2(runs, env, tmp_path):
 
 
 def test_tp2_checkpoint_evaluated_in_one_process_gives_the_tp2_validation_loss(runs, env):
-    found, save = runs(2, 2)
+    found, save, _ = runs(2, 2)
     status, log = single(TINY + ["--load", str(save), "--skip-train"], env)
     assert status == 0, log[-3000:]
     assert_same_run(values(log), found[-1:])           # "validation loss at the end of training"
 
 
 def test_convert_checkpoint_changes_the_tensor_parallel_size(runs, env, tmp_path):
-    found, save = runs(2, 2)
+    found, save, _ = runs(2, 2)
     tool = [sys.executable, "data_tools/convert_checkpoint.py"]
     one = subprocess.run(tool + ["--load", str(save), "--save", str(tmp_path / "tp1"),
                                  "--target-tensor-parallel-size", "1"], cwd=REPO, env=env, capture_output=True,
@@ -244,7 +276,7 @@ def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path, target):
 
 
 def test_a_missing_tensor_parallel_piece_makes_the_checkpoint_incomplete(runs, tmp_path):
-    _, save = runs(2, 2)
+    _, save, _ = runs(2, 2)
     load = tmp_path / "load"
     shutil.copytree(save, load)
     shutil.rmtree(load / "iter_0000012" / "mp_rank_01")

@@ -110,14 +110,18 @@ def test_user_script_pretrain_gpt_requires_data_path(env, demo):
     assert "--data-path PREFIX is required" in result.stderr
 
 
-def test_user_script_pretrain_gpt_tensorboard(env, demo, tmp_path):
+def test_user_script_pretrain_gpt_tensorboard_with_rapidformers_precision_and_recompute_switches(env, demo, tmp_path):
     tb = tmp_path / "tb"
-    run_ok(["--user-script", str(USER_SCRIPTS / "pretrain_gpt.py"), *TINY_GPT,
-            "--data-path", demo["data_prefix"], *tokenizer_flags(demo),
-            "--micro-batch-size", "4", "--train-iters", "4", "--log-interval", "2",
-            "--eval-interval", "2", "--eval-iters", "1", "--tensorboard-dir", str(tb)], env)
+    out = run_ok(["--user-script", str(USER_SCRIPTS / "pretrain_gpt.py"), *TINY_GPT,
+                  "--data-path", demo["data_prefix"], *tokenizer_flags(demo),
+                  "--micro-batch-size", "4", "--train-iters", "4", "--log-interval", "2",
+                  "--eval-interval", "2", "--eval-iters", "1", "--tensorboard-dir", str(tb),
+                  "--mixed-precision", "--initial-loss-scale", "4096", "--checkpoint-activations"], env)
+    assert "precision: fp16 parameters and activations" in out and "recompute: full, uniform, 1 layer(s)" in out
+    assert re.search(r"lm loss: [\d.E+-]+ \| loss scale: 4096\.0 \|", out), out
     events = list(tb.glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0, list(tb.iterdir()) if tb.exists() else "no dir"
+    assert b"loss-scale" in events[0].read_bytes() and b"grad-norm" in events[0].read_bytes()
 
 
 # ---- user_scripts/finetune_classification.py ---------------------------------------------------

@@ -12,7 +12,11 @@ forward/backward/clip/update graph:
     model, optimizer, lr_scheduler, loader = engine.compose(model, None, None, loader)
     for batch in loader:
         loss = optimizer.step(forward_fn, *batch)     # forward_fn(*batch) -> scalar loss
-        lr_scheduler.step(samples_in_this_step)
+        if optimizer.last_updated:                    # False: an fp16 overflow skipped the step
+            lr_scheduler.step(samples_in_this_step)
+
+--fp16 / --mixed-precision and the recompute flags work here as in the templates: compose casts
+the model and keeps fp32 main weights in the optimizer (rapidgpt/training/model_transforms.py).
 
 Data: --data-path PREFIX (with --tokenizer-* flags or --vocab-size), or by default the embedded
 demo corpus (Python's own documentation, built once into the cache directory).
@@ -83,7 +87,8 @@ start, recent_losses, interval_means = time.perf_counter(), [], []
 for step, batch in enumerate(train_loader, start=1):
     loss = optimizer.step(forward_fn, batch["tokens"], batch["position_ids"], batch["labels"],
                           batch["loss_mask"])
-    lr_scheduler.step(args.global_batch_size)          # the schedule counts samples, as Megatron's
+    if optimizer.last_updated:                           # a step skipped on fp16 overflow leaves the
+        lr_scheduler.step(args.global_batch_size)        # schedule where it is; it counts samples
     recent_losses.append(loss)
     if step % args.log_interval == 0 or step == args.train_iters:
         interval_means.append(float(np.mean(recent_losses)))

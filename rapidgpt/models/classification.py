@@ -16,6 +16,7 @@ pretraining checkpoint's tensors load into them (see --pretrained-checkpoint), a
 initialisation (normal(0, --init-method-std), zero bias). The backbone's language-model output
 layer (only with --untie-embeddings-and-output-weights) takes no part and is frozen.
 """
+import mindspore as ms
 from mindspore import nn, ops
 
 from rapidgpt.models.gpt import build_gpt_model
@@ -33,7 +34,7 @@ class GPTSequenceClassifier(nn.Cell):
     def construct(self, tokens, position_ids, last_index):
         hidden = self.backbone.hidden_states(tokens, position_ids)        # [b, s, h]
         last = ops.gather(hidden, last_index, 1, batch_dims=1)            # [b, h]
-        return self.head(last)                                            # [b, classes]
+        return self.head(last).astype(ms.float32)                         # [b, classes], fp32 in 16-bit runs
 
 
 def build_gpt_classifier(args, vocab_size):

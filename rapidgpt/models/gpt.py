@@ -8,11 +8,12 @@ With `--untie-embeddings-and-output-weights` the output layer has its own weight
 `position_ids` `[b, s]` default to 0..s-1 for every sequence (Megatron's data pipeline passes them,
 with --reset-position-ids restarting them at document boundaries).
 """
+import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 import numpy as np
 
 from rapidgpt.arguments import padded_vocab_size
-from rapidgpt.models.transformer import ParallelTransformerLayer, TransformerConfig
+from rapidgpt.models.transformer import LayerNorm, ParallelTransformerLayer, TransformerConfig
 from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy
 from rapidgpt.parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
 from rapidgpt.parallel.mappings import CopyToTensorParallelRegion, GatherFromTensorParallelRegion
@@ -45,7 +46,7 @@ class GPTModel(nn.Cell):
         self.position_embeddings = PositionEmbedding(config.max_position_embeddings, h, std)
         self.embedding_dropout = Dropout(config.hidden_dropout)
         self.layers = nn.CellList([ParallelTransformerLayer(config) for _ in range(config.num_layers)])
-        self.final_layernorm = nn.LayerNorm((h,), epsilon=config.layernorm_epsilon)
+        self.final_layernorm = LayerNorm((h,), epsilon=config.layernorm_epsilon)
         self.untied = untie_embeddings_and_output_weights
         self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
                                                   drawn_rows=vocab_size) if self.untied else None)
@@ -73,12 +74,14 @@ class GPTModel(nn.Cell):
         return self.final_layernorm(x)
 
     def parallel_logits(self, x):
-        """`[b, s, h]` final hidden states -> `[b*s, padded / tp]`: this rank's vocabulary slice."""
+        """`[b, s, h]` final hidden states -> `[b*s, padded / tp]` fp32: this rank's vocabulary slice
+        (a 16-bit model's product cast to fp32: the softmax and the loss are computed in fp32)."""
         b, s, h = x.shape
         x = x.reshape(b * s, h)
         if self.tp > 1:
             x = self.copy_to_region(x)
-        return self.logits_matmul(x, self.output_weight())
+        logits = self.logits_matmul(x, self.output_weight())
+        return logits if logits.dtype == ms.float32 else logits.astype(ms.float32)
 
     def logits(self, x):
         """`[b, s, h]` final hidden states -> `[b*s, vocab]` logits over the true vocabulary."""

@@ -7,12 +7,17 @@ Layout: hidden states are `[b, s, h]` (batch, sequence, hidden). Each layer comp
 
 Attention: one ColumnParallelLinear makes q, k, v for this rank's heads, laid out per head as
 `[np, 3, hn]` (Megatron's order, so a TP split of the output keeps each head's q, k and v
-together); scores `q k^T / sqrt(hn)` get the causal mask (and, with --reset-attention-mask, the
-batch's document mask) filled with -10000 as Megatron does, softmax in fp32, attention dropout,
-then the RowParallelLinear output projection. Dropout is rapidgpt.parallel.random.Dropout: its
+together); the core attention (its own cell, what selective recompute recomputes): scores
+`q k^T / sqrt(hn)` get the causal mask (and, with --reset-attention-mask, the batch's document
+mask) filled with -10000 as Megatron does, softmax (in fp32 for fp32 models and with
+--attention-softmax-in-fp32, else in the model's 16-bit dtype, as Megatron), attention dropout,
+probabilities x values; then the RowParallelLinear output projection. Dropout is rapidgpt.parallel.random.Dropout: its
 masks survive a resume and do not depend on the TP layout. MLP: ColumnParallelLinear h -> ffn, tanh-GELU
 (GPT-2's `gelu_new`), RowParallelLinear ffn -> h. Output projections use Megatron's scaled init
 std / sqrt(2 * num_layers).
+
+Mixed precision: in a 16-bit model every matrix product runs in 16-bit, while LayerNorm computes
+in fp32 (`LayerNorm` below) and the GPT's loss too (rapidgpt/models/gpt.py).
 """
 import math
 
@@ -39,10 +44,45 @@ class TransformerConfig:
         self.attention_dropout = args.attention_dropout
         self.init_method_std = args.init_method_std
         self.layernorm_epsilon = args.layernorm_epsilon
+        self.attention_softmax_in_fp32 = getattr(args, "attention_softmax_in_fp32", False)
 
     @property
     def output_init_std(self):
         return self.init_method_std / math.sqrt(2.0 * self.num_layers)
+
+
+class LayerNorm(nn.LayerNorm):
+    """mindspore.nn.LayerNorm (same parameters, `gamma` and `beta`) computed in fp32 whatever the
+    input and parameter dtype, the result in the input's dtype: Megatron's fused LayerNorm
+    semantics for 16-bit models. A no-op cast in fp32 models."""
+
+    def construct(self, x):
+        if x.dtype == ms.float32 and self.gamma.dtype == ms.float32:      # decided while compiling
+            y, _, _ = self.layer_norm(x, self.gamma, self.beta)
+            return y
+        y, _, _ = self.layer_norm(x.astype(ms.float32), self.gamma.astype(ms.float32),
+                                  self.beta.astype(ms.float32))
+        return y.astype(x.dtype)
+
+
+class CoreAttention(nn.Cell):
+    """Softmax attention of q `[b, np, sq, hn]` over k, v `[b, np, sk, hn]`; mask True = hidden.
+    Returns the context `[b, sq, np*hn]`. No parameters: selective recompute recomputes exactly this."""
+
+    def __init__(self, config, head_dim):
+        super().__init__()
+        self.attention_dropout = Dropout(config.attention_dropout, partition_dim=1)   # heads are split
+        self.scores = ops.BatchMatMul(transpose_b=True)
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.softmax_in_fp32 = config.attention_softmax_in_fp32
+
+    def construct(self, q, k, v, mask):
+        b, _, sq, _ = q.shape
+        scores = ops.masked_fill(self.scores(q, k) * self.scale, mask, -10000.0)   # [b, np, sq, sk]
+        if self.softmax_in_fp32:
+            scores = scores.astype(ms.float32)
+        probs = self.attention_dropout(ops.softmax(scores, axis=-1).astype(v.dtype))
+        return ops.matmul(probs, v).transpose(0, 2, 1, 3).reshape(b, sq, -1)       # [b, sq, np*hn]
 
 
 class ParallelAttention(nn.Cell):
@@ -55,9 +95,7 @@ class ParallelAttention(nn.Cell):
                                                     init_std=config.init_method_std)
         self.dense = RowParallelLinear(config.hidden_size, config.hidden_size,
                                        init_std=config.output_init_std)
-        self.attention_dropout = Dropout(config.attention_dropout, partition_dim=1)   # heads are split
-        self.scores = ops.BatchMatMul(transpose_b=True)
-        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.core_attention = CoreAttention(config, self.head_dim)
         n = config.max_position_embeddings
         self.causal_mask = Tensor(np.triu(np.ones((1, 1, n, n), bool), k=1))   # True = masked
 
@@ -68,20 +106,12 @@ class ParallelAttention(nn.Cell):
         q, k, v = qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2]          # [b, s, np, hn]
         return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
-    def attend(self, q, k, v, mask):
-        """Softmax attention of q `[b, np, sq, hn]` over k, v `[b, np, sk, hn]`; mask True = hidden."""
-        b, _, sq, _ = q.shape
-        scores = ops.masked_fill(self.scores(q, k) * self.scale, mask, -10000.0)   # [b, np, sq, sk]
-        probs = self.attention_dropout(ops.softmax(scores.astype(ms.float32), axis=-1).astype(v.dtype))
-        context = ops.matmul(probs, v).transpose(0, 2, 1, 3).reshape(b, sq, -1)    # [b, sq, np*hn]
-        return self.dense(context)
-
     def construct(self, x, attention_mask=None):
         s = x.shape[1]
         mask = self.causal_mask[:, :, :s, :s]
         if attention_mask is not None:
             mask = ops.logical_or(mask, attention_mask)
-        return self.attend(*self.heads(x), mask)
+        return self.dense(self.core_attention(*self.heads(x), mask))
 
     def decode(self, x, past=None):
         """Incremental attention for generation: x `[b, s_new, h]` after `past` = (k, v) of the
@@ -91,7 +121,7 @@ class ParallelAttention(nn.Cell):
             k, v = ops.cat((past[0], k), axis=2), ops.cat((past[1], v), axis=2)
         total, new = k.shape[2], x.shape[1]
         mask = self.causal_mask[:, :, total - new:total, :total]
-        return self.attend(q, k, v, mask), (k, v)
+        return self.dense(self.core_attention(q, k, v, mask)), (k, v)
 
 
 class ParallelMLP(nn.Cell):
@@ -110,9 +140,9 @@ class ParallelTransformerLayer(nn.Cell):
     def __init__(self, config):
         super().__init__()
         eps = config.layernorm_epsilon
-        self.input_layernorm = nn.LayerNorm((config.hidden_size,), epsilon=eps)
+        self.input_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
         self.self_attention = ParallelAttention(config)
-        self.post_attention_layernorm = nn.LayerNorm((config.hidden_size,), epsilon=eps)
+        self.post_attention_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
         self.mlp = ParallelMLP(config)
         # Two cells, so the two residual branches draw different masks.
         self.post_attention_dropout = Dropout(config.hidden_dropout)

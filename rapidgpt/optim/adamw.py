@@ -42,6 +42,15 @@ class _Optimizer(nn.Cell):
         self.weight_decays = tuple(0.0 if no_decay(p) else float(weight_decay) for p in self.parameters)
         self.learning_rate = Parameter(Tensor(lr, ms.float32), name="learning_rate", requires_grad=False)
 
+    def with_parameters(self, params):
+        """This optimizer (hyper-parameters, each parameter's weight decay) over `params`, which
+        correspond one to one to `self.parameters` (e.g. their fp32 main copies under --fp16)."""
+        twin = type(self)(params, **self.hyperparameters)
+        if len(twin.parameters) != len(self.parameters):
+            raise ValueError(f"with_parameters: {len(params)} parameters for an optimizer of {len(self.parameters)}")
+        twin.weight_decays = self.weight_decays
+        return twin
+
     def _update_lr(self, lr):
         """Store `lr` (a Tensor, or None to keep the current rate) and return the rate to use."""
         if lr is not None:
@@ -71,6 +80,8 @@ class AdamW(_Optimizer):
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or eps <= 0:
             raise ValueError(f"AdamW needs 0 <= --adam-beta1, --adam-beta2 < 1 and --adam-eps > 0, "
                              f"got betas={betas}, eps={eps}")
+        self.hyperparameters = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                    no_decay_filter=no_decay_filter)
         self.beta1 = Tensor(betas[0], ms.float32)
         self.beta2 = Tensor(betas[1], ms.float32)
         self.eps = Tensor(eps, ms.float32)
@@ -108,6 +119,8 @@ class SGD(_Optimizer):
         if momentum < 0:
             raise ValueError(f"--sgd-momentum must be >= 0, got {momentum}")
         self.momentum = float(momentum)
+        self.hyperparameters = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                    no_decay_filter=no_decay_filter)
         if self.momentum > 0:
             self.momentum_buffers = ParameterTuple(self.parameters).clone(prefix="sgd_momentum", init="zeros")
             self.apply_momentum = ops.ApplyMomentum()

@@ -1,8 +1,11 @@
 """Data parallelism: averaging gradients over the data-parallel ranks in a few flat buffers.
 
-Each DP rank computes the gradients of its own slice of the global batch; after the step's
-micro-batches are accumulated, `GradientAverager` makes every rank hold the mean over all DP ranks,
-so each applies the same update and the replicas stay identical (they start identical: the
+Each DP rank computes the gradients of its own slice of the global batch, from its loss already
+divided by the DP size (as Megatron's DDP scales gradients by 1/DP before reducing them: the sum is
+then the mean, and in fp16 no partial sum grows beyond one rank's gradient, so an overflow happens
+at the same loss scale as in one process); after the step's micro-batches are accumulated,
+`GradientSummer` adds them over the DP ranks, so every rank holds the mean, applies the same update
+and the replicas stay identical (they start identical: the
 initialisation is seeded by parameter name). Why flat buffers: a collective costs a fixed latency
 on top of its bytes (several ms on the CPU backend), so one call per parameter would cost more than
 the model; gradients are concatenated into buckets of up to `bucket_elements` (per dtype, in
@@ -31,8 +34,8 @@ def plan_buckets(params, bucket_elements=DEFAULT_BUCKET_ELEMENTS):
     return tuple(buckets)
 
 
-class GradientAverager(nn.Cell):
-    """`grads` (tuple, in `params` order) -> their mean over the data-parallel group."""
+class GradientSummer(nn.Cell):
+    """`grads` (tuple, in `params` order) -> their sum over the data-parallel group."""
 
     def __init__(self, params, group, bucket_elements=DEFAULT_BUCKET_ELEMENTS):
         super().__init__()
@@ -47,7 +50,7 @@ class GradientAverager(nn.Cell):
             return grads
         averaged = []                       # buckets hold consecutive indices: params order
         for bucket in self.buckets:
-            flat = self.all_reduce(ops.cat([grads[i].reshape(-1) for i in bucket])) / self.size
+            flat = self.all_reduce(ops.cat([grads[i].reshape(-1) for i in bucket]))
             start = 0
             for i in bucket:
                 averaged.append(flat[start:start + self.counts[i]].reshape(self.shapes[i]))

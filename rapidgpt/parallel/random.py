@@ -116,17 +116,28 @@ def _stream_key(seed, name):
     return _u32(int.from_bytes(digest[:4], "little"))
 
 
-# The key of the micro-batch being computed, set inside the compiled step before each
-# micro-batch's forward/backward (`set_micro_batch_key`). A module-level Parameter, not a model
-# parameter: it is graph state that every Dropout reads, but no weight to save or optimise.
-_MICRO_BATCH_KEY = Parameter(_u32(0), name="rapidgpt_dropout_micro_batch_key", requires_grad=False)
+def micro_batch_key(iteration, micro_batch):
+    """The dropout key of micro-batch number `micro_batch` (an int: its place in the global batch)
+    of training iteration `iteration` (a uint32 scalar tensor): a pure function, traceable."""
+    return mix32(ops.bitwise_xor(mix32(iteration), _u32(micro_batch)))
+
+
+# The key every Dropout reads: graph state written by `set_dropout_key`, not a model parameter
+# (nothing to save or optimise). The schedule passes each micro-batch's key explicitly into the
+# function that runs its forward (and backward), which sets it first: the key in force is then
+# always the one of the micro-batch being computed, also when a schedule interleaves the
+# micro-batches (pipeline 1F1B) or recomputes a forward inside the backward.
+_DROPOUT_KEY = Parameter(_u32(0), name="rapidgpt_dropout_micro_batch_key", requires_grad=False)
+
+
+def set_dropout_key(key):
+    """Make the Dropout cells draw the masks of `key` (from `micro_batch_key`). Traceable."""
+    return ops.assign(_DROPOUT_KEY, key)
 
 
 def set_micro_batch_key(iteration, micro_batch):
-    """Select the dropout masks of micro-batch number `micro_batch` (an int: its place in the
-    global batch) of training iteration `iteration` (a uint32 scalar tensor). Traceable: the
-    compiled step calls it before each micro-batch's forward."""
-    return ops.assign(_MICRO_BATCH_KEY, mix32(ops.bitwise_xor(mix32(iteration), _u32(micro_batch))))
+    """`set_dropout_key(micro_batch_key(iteration, micro_batch))`."""
+    return set_dropout_key(micro_batch_key(iteration, micro_batch))
 
 
 _range = ops.Range()
@@ -228,7 +239,7 @@ class Dropout(nn.Cell):
 
     def keep_mask(self, shape):
         """The boolean keep mask for an x of this (local) shape, under the current micro-batch key."""
-        key = mix32(ops.bitwise_xor(_MICRO_BATCH_KEY, self.stream_key))
+        key = mix32(ops.bitwise_xor(_DROPOUT_KEY, self.stream_key))
         row_hash = ops.bitwise_or(mix32(self.row_ids(shape) * _GOLDEN + key), _ONE)
         column_hash = ops.bitwise_or(mix32(self.column_ids(shape) * _GOLDEN + mix32(key)), _ONE)
         return row_hash * column_hash >= self.threshold

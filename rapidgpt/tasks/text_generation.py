@@ -3,7 +3,8 @@
 Builds the GPT the checkpoint describes (its metadata supplies the model and tokenizer flags),
 loads its weights, and prints a continuation of each prompt: greedy by default, sampling with
 --temperature / --top-k / --top-p, at most --max-new-tokens, stopping at end-of-document; the
-key/value cache makes each new token one single-position step.
+key/value cache makes each new token one single-position step. With --fp16 the model computes in
+fp16 (the checkpoint's fp32 weights cast), whatever precision it was trained in.
 """
 from rapidgpt.arguments import parse_args
 from rapidgpt.engine import RapidGPTEngine
@@ -14,6 +15,7 @@ from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.tasks.pretraining import vocab_size
 from rapidgpt.training.checkpoint_files import CheckpointError, find_checkpoint
 from rapidgpt.training.checkpointing import load_checkpoint
+from rapidgpt.training.model_transforms import prepare_model
 
 
 def read_prompts(args):
@@ -34,6 +36,7 @@ def main(argv=None, args=None):
                               f"--tokenizer-type/--vocab-file/--merge-file")
     model = build_gpt_model(args, vocab_size(args))
     initialize_parameters(model, args.seed)
+    prepare_model(model, args.precision, args.recompute)        # --fp16: generate in fp16
     load_checkpoint(args, model, logger=get_logger())
     for prompt in read_prompts(args):
         text = generate(model, tokenizer, prompt, args.max_new_tokens, args.top_k, args.top_p,

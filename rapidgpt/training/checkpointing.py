@@ -49,11 +49,14 @@ def set_rng_state(state):
 
 
 def _named_parameters(model, optimizer, with_optimizer):
-    """Model parameters, then the optimizer's own state (moments, step, lr), by unique name."""
+    """{checkpoint name: Parameter}: the model's parameters, each replaced by its fp32 main copy
+    when the optimizer wrapper keeps one (16-bit runs), then with `with_optimizer` the optimizer's
+    state (moments, step, lr, loss scaler) under the names an fp32 run gives it
+    (rapidgpt/optim/mixed_precision.py): a checkpoint does not depend on the training precision."""
     params = {p.name: p for p in model.get_parameters()}
-    if with_optimizer and optimizer is not None:
-        for p in optimizer.get_parameters():
-            params.setdefault(p.name, p)
+    if optimizer is not None:
+        for name, tensor in optimizer.checkpoint_tensors(with_optimizer).items():
+            params[name] = tensor
     return params
 
 
@@ -306,11 +309,15 @@ def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
     finetune = args.finetune or optimizer is None
     load_optimizer = not (finetune or args.no_load_optim) and meta["has_optimizer"]
     params = _named_parameters(model, optimizer, load_optimizer)
+    optional = optimizer.optional_checkpoint_tensors() if optimizer is not None else set()
+    params = {name: p for name, p in params.items() if name in checkpoint or name not in optional}
     missing = [name for name in params if name not in checkpoint]
     if missing:
         raise CheckpointError(f"checkpoint {checkpoint.where} has no value for {len(missing)} parameters "
                               f"(first: {missing[0]}); it was saved from a different model")
     _assign({name: (param, name) for name, param in params.items()}, checkpoint)
+    if optimizer is not None:
+        optimizer.reload_model_params()
     if checkpoint.resharded and logger is not None:
         logger.info(f" resharded checkpoint {checkpoint.where}")
     if finetune:
@@ -353,7 +360,7 @@ class PretrainedLoad(NamedTuple):
     unused: list
 
 
-def load_pretrained_weights(path, model, logger=None):
+def load_pretrained_weights(path, model, logger=None, optimizer=None):
     """Model weights only (no optimizer, scheduler, iteration or RNG) from the checkpoint under
     `path` (--pretrained-checkpoint; `latest` or an `iter_*` directory, as for --load).
 
@@ -361,7 +368,8 @@ def load_pretrained_weights(path, model, logger=None):
     the pretrained network in a cell (e.g. `backbone.`, see `_prefix_of`). Parameters the
     checkpoint lacks (a new head) keep their fresh initialisation; both they and the unused
     checkpoint tensors are logged. A shape that differs is an error. Must run before the first
-    compiled step.
+    compiled step. With the run's `optimizer` wrapper, 16-bit runs load into the fp32 main
+    parameters (then cast into the model's).
     """
     if os.path.isfile(os.path.join(path, "config.json")):
         directory = path
@@ -370,7 +378,7 @@ def load_pretrained_weights(path, model, logger=None):
         directory = find_checkpoint(path, logger, flag="--pretrained-checkpoint")
         checkpoint = _RankCheckpoint(directory)
     checkpoint_names = checkpoint.meta.get("model_parameters") or sorted(checkpoint.names())
-    params = _named_parameters(model, None, False)
+    params = _named_parameters(model, optimizer, False)
     prefix = checkpoint.prefix = _prefix_of(params, set(checkpoint_names))
     if prefix is None:
         raise CheckpointError(f"--pretrained-checkpoint {path}: none of its {len(checkpoint_names)} tensors "
@@ -379,6 +387,8 @@ def load_pretrained_weights(path, model, logger=None):
     targets = {prefix + name: (params[prefix + name], name) for name in checkpoint_names
                if prefix + name in params}
     _assign(targets, checkpoint)
+    if optimizer is not None:
+        optimizer.reload_model_params()
     report = PretrainedLoad(sorted(targets), sorted(set(params) - set(targets)),
                             sorted(name for name in checkpoint_names if prefix + name not in params))
     if logger is not None:

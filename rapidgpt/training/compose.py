@@ -10,11 +10,14 @@ class ComposedOptimizer:
 
     `forward_fn(*inputs) -> loss` must be traceable by mindspore.jit (it is compiled on the first
     call; new input shapes compile again). The learning rate is the scheduler's current value.
+    After a step, `last_grad_norm`, `last_updated` (False: skipped on overflow, nothing changed) and
+    `last_loss_scale` tell what happened.
     `iteration` counts the steps taken and selects the dropout masks; a loop that resumes from a
     checkpoint sets it to the iteration it resumes at.
     """
 
     def __init__(self, optimizer, lr_scheduler, args):
+        """`optimizer`: the run's rapidgpt.optim.OptimizerWrapper."""
         self.optimizer, self.lr_scheduler, self.args = optimizer, lr_scheduler, args
         self.parameters = optimizer.parameters
         self._steps = {}
@@ -25,11 +28,11 @@ class ComposedOptimizer:
         if train_step is None:
             def forward(micro_batch):
                 return forward_fn(*micro_batch)
-            train_step = self._steps[forward_fn] = TrainStep(forward, self.optimizer, 1, self.args.clip_grad,
-                                                             jit=self.args.jit)
+            train_step = self._steps[forward_fn] = TrainStep(
+                forward, self.optimizer, 1, self.args.precision.accumulate_allreduce_grads_in_fp32, jit=self.args.jit)
         stacked = tuple(Tensor(np.asarray(x)[None]) if not isinstance(x, Tensor) else x.expand_dims(0)
                         for x in inputs)
         self.iteration += 1
-        loss, self.last_grad_norm, self.last_finite = train_step(stacked, self.lr_scheduler.get_lr(),
-                                                                 self.iteration)
-        return loss
+        result = train_step(stacked, self.lr_scheduler.get_lr(), self.iteration)
+        self.last_grad_norm, self.last_updated, self.last_loss_scale = result.grad_norm, result.updated, result.loss_scale
+        return result.loss

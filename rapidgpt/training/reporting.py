@@ -17,7 +17,7 @@ def training_log_line(iteration, train_iters, consumed_samples, ms_per_iteration
     line += f" elapsed time per iteration (ms): {ms_per_iteration:.1f} |"
     line += f" learning rate: {learning_rate:.6E} |"
     line += f" global batch size: {global_batch_size:5d} |"
-    for name, value in losses.items():
+    for name, value in losses.items():       # Megatron leaves out a loss no update contributed to
         line += f" {name}: {value:.6E} |"
     line += f" loss scale: {loss_scale:.1f} |"
     if grad_norm is not None:
@@ -70,24 +70,28 @@ class Reporter:
                         disable=args.no_progress_bar or not is_console_rank(), file=sys.stderr,
                         dynamic_ncols=True)
         self._reset()
-        self.skipped_total = 0
+        self.grad_norm = None
 
     def _reset(self):
-        self.loss_sum, self.iters, self.skipped, self.nan, self.seconds = {}, 0, 0, 0, 0.0
+        self.loss_sum, self.iters, self.advanced, self.skipped, self.nan, self.seconds = {}, 0, 0, 0, 0, 0.0
 
-    def iteration(self, iteration, consumed_samples, losses, lr, grad_norm, finite, seconds, units):
-        """Record one training iteration (`losses`: {name: value}); log when the interval is full."""
+    def iteration(self, iteration, consumed_samples, losses, lr, step, seconds, units):
+        """Record one training iteration (`losses`: {name: value}; `step`: its
+        rapidgpt.training.step.StepResult); log when the interval is full.
+
+        As Megatron's training_log: a skipped iteration (overflow, NaN) counts in "number of
+        skipped iterations", its loss is not averaged, and it is a "nan iteration" when the loss
+        itself is not finite; the grad norm shown is the last update's."""
         self.iters += 1
         self.seconds += seconds
-        loss_ok = all(math.isfinite(v) for v in losses.values())
-        if not finite:
-            self.skipped += 1
-            self.skipped_total += 1
-        if not loss_ok:
-            self.nan += 1
-        else:
+        if step.updated:
+            self.advanced += 1
             for name, value in losses.items():
                 self.loss_sum[name] = self.loss_sum.get(name, 0.0) + value
+            self.grad_norm = step.grad_norm
+        else:
+            self.skipped += 1
+            self.nan += int(not all(math.isfinite(v) for v in losses.values()))
         self.bar.update(1)
         self.bar.set_postfix({name: f"{value:.3f}" for name, value in losses.items()}, refresh=False)
         if self.writer is not None and iteration % self.args.tensorboard_log_interval == 0:
@@ -95,15 +99,17 @@ class Reporter:
             self.writer.add_scalar("batch-size", self.args.global_batch_size, iteration)
             for name, value in losses.items():
                 self.writer.add_scalar(name, value, iteration)
-            self.writer.add_scalar("grad-norm", grad_norm, iteration)
+            self.writer.add_scalar("loss-scale", step.loss_scale, iteration)
+            if step.updated:
+                self.writer.add_scalar("grad-norm", step.grad_norm, iteration)
             self.writer.add_scalar(f"{self.unit}-per-second", units / max(seconds, 1e-9), iteration)
         if iteration % self.args.log_interval == 0 or iteration == self.train_iters:
-            counted = max(self.iters - self.nan, 1)
             per_iter = self.seconds / self.iters
+            averages = ({n: v / self.advanced for n, v in self.loss_sum.items()} if self.advanced else {})
             self.logger.info(training_log_line(
                 iteration, self.train_iters, consumed_samples, per_iter * 1000.0, lr,
-                self.args.global_batch_size, {n: v / counted for n, v in self.loss_sum.items()},
-                1.0, grad_norm, self.skipped, self.nan, units / max(per_iter, 1e-9), self.unit))
+                self.args.global_batch_size, averages, step.loss_scale, self.grad_norm if self.advanced else None,
+                self.skipped, self.nan, units / max(per_iter, 1e-9), self.unit))
             if self.args.timing_log_level >= 1:         # a collective: every rank logs here
                 timing = self.timers.log(["batch-generator", "forward-backward-optimizer", "evaluate"],
                                          normalizer=self.iters)

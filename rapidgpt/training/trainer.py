@@ -13,7 +13,8 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from rapidgpt.global_vars import get_args, get_logger, get_timers
-from rapidgpt.optim import build_lr_scheduler, build_optimizer
+from rapidgpt.optim import build_lr_scheduler
+from rapidgpt.optim.mixed_precision import wrap_optimizer
 from rapidgpt.parallel.comm import AllGather, sum_over_ranks
 from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
@@ -22,6 +23,7 @@ from rapidgpt.training.checkpoint_files import start_checkpoint
 from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_pretrained_weights,
                                              save_checkpoint)
 from rapidgpt.training.hook_contract import HookContractError, check_returned
+from rapidgpt.training.model_transforms import prepare_model
 from rapidgpt.training.reporting import Reporter
 from rapidgpt.training.step import EvalStep, TrainStep
 
@@ -79,7 +81,8 @@ class Trainer:
     def build_model(self, **provider_kwargs):
         """The model of model_optimizer_lr_scheduler_provider, checked, with RapidGPT's seeded,
         layout-independent values in the parameters its layers declare (before anything is
-        compiled), and Megatron's parameter-count line; its optimizer and scheduler as returned."""
+        compiled), transformed for the run's precision and recompute, and Megatron's
+        parameter-count line; its optimizer and scheduler as returned."""
         self.timers("model-and-optimizer-setup").start()
         model, optimizer, scheduler = check_returned(
             self.model_optimizer_lr_scheduler_provider(**provider_kwargs), "model_optimizer_lr_scheduler_provider",
@@ -89,6 +92,7 @@ class Trainer:
                                     f"as the model; it must be a mindspore.nn.Cell")
         check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
+        prepare_model(model, self.args.precision, self.args.recompute, self.logger, self.args.jit)
         tp_rank, _, pp_rank = get_parallel_state().coordinates()
         count = sum(int(np.prod(p.shape)) for p in model.get_parameters())
         self.logger.info(f" > number of parameters on (tensor, pipeline) model parallel rank "
@@ -98,18 +102,21 @@ class Trainer:
 
     def build_model_optimizer_scheduler(self, **provider_kwargs):
         """The user's model/optimizer/scheduler (`build_model`); None optimizer or scheduler are
-        built from the flags."""
+        built from the flags. The optimizer comes back inside the run's OptimizerWrapper
+        (rapidgpt/optim/mixed_precision.py)."""
         model, optimizer, scheduler = self.build_model(**provider_kwargs)
-        self.timers("model-and-optimizer-setup").start()
-        if optimizer is None:
-            optimizer = build_optimizer(self.args, model.trainable_params())
-        if scheduler is None:
-            scheduler = build_lr_scheduler(self.args)
-        self.timers("model-and-optimizer-setup").stop()
-        if not hasattr(optimizer, "parameters"):
+        if optimizer is not None and not hasattr(optimizer, "parameters"):
             raise HookContractError("the optimizer from model_optimizer_lr_scheduler_provider needs "
                                     "`parameters` and must be callable as optimizer(grads, lr); use "
                                     "rapidgpt.optim.AdamW/SGD or return None to build one from the flags")
+        self.timers("model-and-optimizer-setup").start()
+        try:
+            optimizer = wrap_optimizer(optimizer, model, self.args)
+        except TypeError as e:
+            raise HookContractError(str(e)) from None
+        if scheduler is None:
+            scheduler = build_lr_scheduler(self.args)
+        self.timers("model-and-optimizer-setup").stop()
         return model, optimizer, scheduler
 
     def load_checkpoint_if_asked(self):
@@ -131,7 +138,7 @@ class Trainer:
             if self.args.load:
                 self.logger.info(f" no checkpoint under --load {self.args.load} yet: starting from "
                                  f"--pretrained-checkpoint")
-            load_pretrained_weights(self.args.pretrained_checkpoint, self.model, self.logger)
+            load_pretrained_weights(self.args.pretrained_checkpoint, self.model, self.logger, self.optimizer)
         if flag != "--load":
             return 0, 0
         iteration, consumed = load_checkpoint(self.args, self.model, self.optimizer, self.lr_scheduler,
@@ -174,7 +181,7 @@ class Trainer:
         args, timers = self.args, self.timers
         n, gbs = args.num_micro_batches, args.global_batch_size
         units_per_iteration = gbs * (args.seq_length if self.throughput_unit == "tokens" else 1)
-        step = TrainStep(forward, optimizer, n, args.clip_grad, jit=args.jit)
+        step = TrainStep(forward, optimizer, n, args.precision.accumulate_allreduce_grads_in_fp32, jit=args.jit)
         reporter = Reporter(args, train_iters, start_iteration, self.throughput_unit)
         model.set_train(True)
         started, iteration, saved = time.time(), start_iteration, True
@@ -186,12 +193,13 @@ class Trainer:
                     stacked = stack_micro_batches([next(train_batches) for _ in range(n)])
                     timers("batch-generator", log_level=1).stop()
                     timers("forward-backward-optimizer", log_level=1).start()
-                    loss, norm, finite = step(stacked, scheduler.get_lr(), iteration)
+                    result = step(stacked, scheduler.get_lr(), iteration)
                     timers("forward-backward-optimizer", log_level=1).stop()
-                    scheduler.step(gbs)
+                    if result.updated:          # a skipped step does not advance the LR schedule
+                        scheduler.step(gbs)
                     consumed += gbs
-                    reporter.iteration(iteration, consumed, {self.loss_name: loss}, scheduler.get_lr(), norm,
-                                       finite, time.perf_counter() - start, units_per_iteration)
+                    reporter.iteration(iteration, consumed, {self.loss_name: result.loss}, scheduler.get_lr(),
+                                       result, time.perf_counter() - start, units_per_iteration)
                     if evaluate is not None and eval_interval and iteration % eval_interval == 0:
                         self._evaluate_in_eval_mode(model, evaluate, iteration)
                     saved = bool(args.save and args.save_interval and iteration % args.save_interval == 0)

@@ -1,0 +1,142 @@
+"""Mixed precision: the flags, their validation and the `PrecisionConfig` the engine builds once.
+
+Megatron's semantics (see rapidgpt/optim/mixed_precision.py for the optimizer side and
+rapidgpt/training/model_transforms.py for the model side):
+
+- `--fp16` / `--bf16` (Rapidformer: `--mixed-precision` = `--fp16`): model parameters, gradients and
+  activations in 16-bit; the optimizer keeps fp32 main parameters and fp32 state. LayerNorm, the
+  loss and the grad norm are computed in fp32, the attention softmax too with
+  `--attention-softmax-in-fp32`.
+- fp16 scales the loss: dynamically from `--initial-loss-scale` (2^32) with `--loss-scale-window`,
+  `--hysteresis` and `--min-loss-scale`, or statically with `--loss-scale`. bf16 needs no scaling and
+  gets a static one only with `--loss-scale`.
+- `--accumulate-allreduce-grads-in-fp32`: micro-batch gradients are summed and data-parallel
+  averaged in fp32 (always for bf16, as Megatron forces it; always in fp32 runs).
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+DEFAULT_INITIAL_LOSS_SCALE = 2.0 ** 32
+DEFAULT_MIN_LOSS_SCALE = 1.0
+DEFAULT_LOSS_SCALE_WINDOW = 1000
+DEFAULT_HYSTERESIS = 2
+_DYNAMIC_SCALING_FLAGS = {"initial_loss_scale": DEFAULT_INITIAL_LOSS_SCALE, "min_loss_scale": DEFAULT_MIN_LOSS_SCALE,
+                          "loss_scale_window": DEFAULT_LOSS_SCALE_WINDOW, "hysteresis": DEFAULT_HYSTERESIS}
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """params_dtype: "float32", "float16" or "bfloat16" (MindSpore dtype names).
+    loss_scale: a static scale, or None (fp16: dynamic scaling; bf16/fp32: no scaling)."""
+    params_dtype: str = "float32"
+    loss_scale: Optional[float] = None
+    initial_loss_scale: float = DEFAULT_INITIAL_LOSS_SCALE
+    min_loss_scale: float = DEFAULT_MIN_LOSS_SCALE
+    loss_scale_window: int = DEFAULT_LOSS_SCALE_WINDOW
+    hysteresis: int = DEFAULT_HYSTERESIS
+    attention_softmax_in_fp32: bool = False
+    accumulate_allreduce_grads_in_fp32: bool = True
+
+    @property
+    def half(self):
+        """Whether the model runs in 16-bit (fp16 or bf16) with fp32 main parameters."""
+        return self.params_dtype != "float32"
+
+    @property
+    def dynamic_loss_scaling(self):
+        return self.params_dtype == "float16" and self.loss_scale is None
+
+    @property
+    def scales_loss(self):
+        return self.dynamic_loss_scaling or (self.half and self.loss_scale is not None)
+
+    def describe(self):
+        if not self.half:
+            return "fp32"
+        bits = "fp16" if self.params_dtype == "float16" else "bf16"
+        text = f"{bits} parameters and activations, fp32 main parameters and optimizer state; "
+        if self.dynamic_loss_scaling:
+            text += (f"dynamic loss scale from {self.initial_loss_scale:g} (window {self.loss_scale_window}, "
+                     f"hysteresis {self.hysteresis}, min {self.min_loss_scale:g})")
+        else:
+            text += f"static loss scale {self.loss_scale:g}" if self.loss_scale else "no loss scaling"
+        return text
+
+    @classmethod
+    def from_args(cls, args):
+        dtype = "float16" if args.fp16 else "bfloat16" if args.bf16 else "float32"
+        return cls(params_dtype=dtype, loss_scale=args.loss_scale,
+                   initial_loss_scale=args.initial_loss_scale, min_loss_scale=args.min_loss_scale,
+                   loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis,
+                   attention_softmax_in_fp32=args.attention_softmax_in_fp32,
+                   accumulate_allreduce_grads_in_fp32=args.accumulate_allreduce_grads_in_fp32)
+
+
+def add_precision_args(parser):
+    g = parser.add_argument_group(
+        "mixed precision",
+        "16-bit model with fp32 main parameters and optimizer state, as Megatron's Float16 optimizer")
+    g.add_argument("--fp16", action="store_true", help="fp16 parameters and activations, dynamic loss scaling")
+    g.add_argument("--bf16", action="store_true",
+                   help="bf16 parameters and activations, no loss scaling (Ascend/GPU: MindSpore's CPU "
+                        "backend has no bf16 MatMul/Softmax/LayerNorm kernels, so it is refused there)")
+    g.add_argument("--mixed-precision", action="store_true", help="Rapidformer's switch: the same as --fp16")
+    g.add_argument("--loss-scale", type=float, default=None,
+                   help="static loss scale (fp16/bf16); without it fp16 scales dynamically")
+    g.add_argument("--initial-loss-scale", type=float, default=None,
+                   help="fp16 dynamic scaling: the starting scale (default 2^32)")
+    g.add_argument("--min-loss-scale", type=float, default=None,
+                   help=f"fp16 dynamic scaling: the scale never drops below this (default {DEFAULT_MIN_LOSS_SCALE})")
+    g.add_argument("--loss-scale-window", type=int, default=None,
+                   help=f"fp16 dynamic scaling: double the scale after this many steps without overflow "
+                        f"(default {DEFAULT_LOSS_SCALE_WINDOW})")
+    g.add_argument("--hysteresis", type=int, default=None,
+                   help=f"fp16 dynamic scaling: overflows tolerated before the scale halves (default "
+                        f"{DEFAULT_HYSTERESIS})")
+    g.add_argument("--attention-softmax-in-fp32", action="store_true",
+                   help="16-bit runs: compute the attention softmax in fp32 (otherwise in 16-bit, as Megatron)")
+    g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
+                   help="fp16 runs: sum micro-batch gradients and average them over data-parallel ranks in "
+                        "fp32 (bf16 always does)")
+
+
+def check_precision_args(args, check):
+    """Validate the precision flags into `check` (a flag_parser.Problems), fill in Megatron's
+    defaults and set `args.precision` (a PrecisionConfig)."""
+    if args.mixed_precision:
+        args.fp16 = True
+    check.require(not (args.fp16 and args.bf16), "--bf16: give either --fp16 (or --mixed-precision) or --bf16, "
+                                                 "not both")
+    half = args.fp16 or args.bf16
+    check.require(half or args.loss_scale is None,
+                  "--loss-scale: loss scaling is for 16-bit training; add --fp16 or --bf16, or remove it")
+    for name, default in _DYNAMIC_SCALING_FLAGS.items():
+        flag = "--" + name.replace("_", "-")
+        given = getattr(args, name)
+        check.require(given is None or (args.fp16 and args.loss_scale is None),
+                      f"{flag}: dynamic loss scaling is fp16's (without a static --loss-scale); "
+                      f"{'add --fp16' if not args.fp16 else 'remove --loss-scale'} or remove {flag}")
+        check.require(given is None or given > 0, f"{flag}: must be positive, got {given}")
+        if given is None:
+            setattr(args, name, default)
+    check.require(args.loss_scale is None or args.loss_scale > 0,
+                  f"--loss-scale: must be positive, got {args.loss_scale}")
+    check.require(args.min_loss_scale <= args.initial_loss_scale,
+                  f"--min-loss-scale: {args.min_loss_scale} is above --initial-loss-scale {args.initial_loss_scale}")
+    # fp32 runs accumulate in fp32 anyway; bf16 must (Megatron forces it: 8 mantissa bits lose
+    # small gradients in a sum).
+    if not args.fp16:
+        args.accumulate_allreduce_grads_in_fp32 = True
+    args.precision = PrecisionConfig.from_args(args)
+    if args.device:          # else the engine asks once it has picked the device
+        problem = check_precision_backend(args.precision, args.device)
+        check.require(problem is None, problem)
+
+
+def check_precision_backend(precision, device):
+    """One line instead of a crash inside a kernel: bf16 needs Ascend or GPU (`device`: cpu/gpu/ascend)."""
+    if precision.params_dtype == "bfloat16" and device == "cpu":
+        return ("--bf16: MindSpore's CPU backend has no bfloat16 MatMul, Softmax, LayerNorm, Gather or "
+                "IsFinite kernels (measured with MindSpore 2.10); train in bf16 on Ascend or GPU, or use "
+                "--fp16 (or fp32) on CPU")
+    return None

@@ -1,0 +1,157 @@
+"""The optimizer wrapper: everything that happens to a step's gradients once the schedule
+(rapidgpt/training/schedules.py) has produced them, as Megatron's MixedPrecisionOptimizer /
+FP32Optimizer do it.
+
+    grads            one per model parameter, in the model's dtype, averaged over the step's
+                     micro-batches and the data-parallel ranks, multiplied by the loss scale
+    prepare          16-bit runs: cast to fp32 (the main parameters' gradients)
+    unscale          x 1 / loss scale (when the loss is scaled)
+    norm, found_inf  the global L2 norm over the whole model: every rank adds the sums of squares
+                     of the gradients it counts (its tensor-parallel shards, and each replicated
+                     parameter on one rank) over the model-parallel group. found_inf = the norm is
+                     not finite, so every rank of the model-parallel group agrees on it, and the
+                     data-parallel ranks do too: they hold the same averaged gradients.
+    scaler.update    Megatron's loss-scale rule (rapidgpt/optim/grad_scaler.py)
+    clip             by the global norm (--clip-grad)
+    update           unless found_inf: the inner optimizer (AdamW/SGD) steps the main parameters;
+                     16-bit runs then copy them into the model's 16-bit parameters
+
+`wrapper(grads, lr) -> (updated, grad norm, loss scale)`, traceable: it runs inside the compiled
+step. Main parameters: in fp32 runs the model's own parameters; in 16-bit runs fp32 copies
+(`main_params.<name>`) that the inner optimizer and its fp32 state (Adam's moments) belong to,
+as in Megatron's Float16OptimizerWithFloat16Params. Model states per parameter are then 2 bytes
+(16-bit weight) + 2 (16-bit gradient) + 4 (fp32 main weight) + 8 (fp32 Adam moments), the 16
+bytes of the ZeRO paper; the ZeRO release shards the last 12.
+
+Checkpoints hold each model parameter's fp32 value (the main copy in 16-bit runs) under the
+model parameter's name, and the optimizer state under the names an fp32 run gives it, so a
+checkpoint does not depend on the precision it was trained in: fp16 and fp32 runs resume from
+each other's checkpoints. The 16-bit weights are not saved: they are always the main weights
+cast to 16 bits.
+"""
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, nn, ops
+
+from rapidgpt.config.precision import PrecisionConfig
+from rapidgpt.optim.adamw import build_optimizer
+from rapidgpt.optim.clip_grads import clip_grads_by_global_norm, global_grad_norm
+from rapidgpt.optim.grad_scaler import build_grad_scaler
+from rapidgpt.parallel import comm
+from rapidgpt.parallel.state import get_tensor_model_parallel_group, get_tensor_model_parallel_rank
+
+MAIN_PARAMS_PREFIX = "main_params."
+
+
+def checkpoint_name(name):
+    """The name a wrapper's tensor has in checkpoints: an fp32 run's name for it."""
+    return name.replace(MAIN_PARAMS_PREFIX, "", 1)
+
+
+class OptimizerWrapper(nn.Cell):
+    """See the module docstring. `model_params`: the parameters the step differentiates (the
+    model's trainable ones); `make_optimizer(main_params)`: the inner optimizer over the main
+    parameters; `precision`: a rapidgpt.config.precision.PrecisionConfig; `clip_grad`: --clip-grad."""
+
+    def __init__(self, model_params, make_optimizer, precision, clip_grad):
+        super().__init__(auto_prefix=False)
+        self.parameters = ParameterTuple(model_params)
+        self.half = precision.half
+        if self.half:
+            self.main_params = ParameterTuple(
+                Parameter(p.value().astype(ms.float32), name=MAIN_PARAMS_PREFIX + p.name, requires_grad=False)
+                for p in self.parameters)
+        else:
+            self.main_params = self.parameters
+        self.optimizer = make_optimizer(self.main_params)
+        self.grad_scaler = build_grad_scaler(precision)
+        self.clip_grad = clip_grad
+        first = get_tensor_model_parallel_rank() == 0
+        self.in_norm = tuple(first or getattr(p, "tensor_model_parallel", False) for p in self.parameters)
+        group = get_tensor_model_parallel_group()
+        self.model_parallel_sum = comm.AllReduce(group) if comm.group_size(group) > 1 else None
+
+    @classmethod
+    def around(cls, optimizer, clip_grad=0.0, precision=None):
+        """The wrapper of an optimizer already built over the model's parameters: fp32 (the
+        default), or 16-bit if `optimizer` has `with_parameters` (RapidGPT's AdamW and SGD)."""
+        precision = precision or PrecisionConfig()
+        make = optimizer.with_parameters if precision.half else (lambda main_params: optimizer)  # noqa: E731
+        return cls(list(optimizer.parameters), make, precision, clip_grad)
+
+    @property
+    def learning_rate(self):
+        return self.optimizer.learning_rate
+
+    def loss_scale(self):
+        """The current loss scale as a graph value (1.0 when the loss is not scaled)."""
+        if self.grad_scaler is None:
+            return ops.ones((), ms.float32)
+        return self.grad_scaler.scale
+
+    def construct(self, grads, lr):
+        if self.half:
+            grads = tuple(ops.cast(g, ms.float32) for g in grads)
+        if self.grad_scaler is not None:
+            inverse = 1.0 / self.grad_scaler.scale
+            grads = tuple(g * inverse for g in grads)
+        norm = global_grad_norm(tuple(g for g, counted in zip(grads, self.in_norm) if counted),
+                                self.model_parallel_sum)
+        # A NaN/Inf gradient makes the norm non-finite (as does a norm beyond fp32, which
+        # clipping would turn into a zero update): one scalar test instead of a pass over grads.
+        updated = ops.isfinite(norm)
+        scale = self.loss_scale() if self.grad_scaler is None else self.grad_scaler.update(ops.logical_not(updated))
+        grads, norm = clip_grads_by_global_norm(grads, self.clip_grad, norm)
+        if updated:
+            self.step(grads, lr)
+        return updated, norm, scale
+
+    def step(self, grads, lr):
+        done = self.optimizer(grads, lr)
+        if self.half:
+            for model_param, main_param in zip(self.parameters, self.main_params):
+                ops.assign(model_param, ops.cast(ops.depend(main_param, done), model_param.dtype))
+        return done
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def checkpoint_tensors(self, with_state):
+        """{checkpoint name: Parameter} beside the model's own parameters: the fp32 main copy of each
+        model parameter under its name (16-bit runs), and with `with_state` the inner optimizer's
+        state and the loss scaler's (`grad_scaler.*`, optional when loading)."""
+        tensors = {p.name: main for p, main in zip(self.parameters, self.main_params)} if self.half else {}
+        if with_state:
+            for p in self.optimizer.get_parameters():
+                tensors.setdefault(checkpoint_name(p.name), p)
+            if self.grad_scaler is not None:
+                tensors.update({p.name: p for p in self.grad_scaler.get_parameters()})
+        return tensors
+
+    def optional_checkpoint_tensors(self):
+        """Names a checkpoint may lack (the scaler's, when it was saved by an fp32 run): they keep
+        their initial values."""
+        return {p.name for p in self.grad_scaler.get_parameters()} if self.grad_scaler is not None else set()
+
+    def reload_model_params(self):
+        """After the main parameters were loaded: the model's 16-bit parameters from them."""
+        if self.half:
+            for model_param, main_param in zip(self.parameters, self.main_params):
+                model_param.set_data(main_param.value().astype(model_param.dtype))
+
+
+def wrap_optimizer(optimizer, model, args):
+    """The OptimizerWrapper of a run: over `optimizer` (a user's, or None: built from the optimizer
+    flags over the model's trainable parameters) with `args.precision` and --clip-grad.
+
+    In 16-bit runs the inner optimizer must be built over the fp32 main parameters, so a user's
+    optimizer is rebuilt over them with `optimizer.with_parameters` (RapidGPT's AdamW and SGD have it).
+    """
+    precision = args.precision
+    if optimizer is None:
+        return OptimizerWrapper(model.trainable_params(), lambda main_params: build_optimizer(args, main_params),
+                                precision, args.clip_grad)
+    if precision.half and not hasattr(optimizer, "with_parameters"):
+        raise TypeError(f"--{'fp16' if precision.params_dtype == 'float16' else 'bf16'}: the "
+                        f"{type(optimizer).__name__} from model_optimizer_lr_scheduler_provider cannot be "
+                        f"rebuilt over fp32 main parameters; return rapidgpt.optim.AdamW/SGD, or None to "
+                        f"build one from the flags")
+    return OptimizerWrapper.around(optimizer, args.clip_grad, precision)

@@ -1,0 +1,113 @@
+"""The one place a model is transformed for a run: precision, then activation recompute.
+
+The trainers (`Trainer.build_model`) and `RapidGPTEngine.compose` call `prepare_model` once, after
+the seeded initialisation and before anything is compiled.
+
+Precision (16-bit runs, rapidgpt/config/precision.py): every parameter is cast to fp16/bf16 in
+place (the fp32 main copies live in the optimizer wrapper, rapidgpt/optim/mixed_precision.py).
+RapidGPT's own layers handle their dtypes themselves (LayerNorm and the loss in fp32, the
+attention softmax as --attention-softmax-in-fp32 says). Any other leaf cell (a user's nn.Dense,
+nn.LayerNorm, ...) gets MindSpore's amp treatment, `Cell.to_float`: it casts the cell's inputs to
+16-bit, except for the cells of amp's black list (LayerNorm, BatchNorm), which run in fp32 -- the
+O2 level of `mindspore.amp.auto_mixed_precision`, applied per cell so that RapidGPT's layers
+inside a user's model keep their own rules and the model object stays the user's (no wrapper).
+
+Recompute (rapidgpt/config/recompute.py): RapidGPT's transformer layers, or the `layers` list of a
+user's model (an nn.CellList/SequentialCell whose cells the model runs in order), see
+`apply_recompute`.
+"""
+import mindspore as ms
+from mindspore import nn
+
+from rapidgpt.errors import UserError
+from rapidgpt.models.transformer import CoreAttention
+
+_HALF = {"float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+def prepare_model(model, precision, recompute, logger=None, jit=True):
+    """Transform `model` in place for `precision` (a PrecisionConfig) and `recompute` (a
+    RecomputeConfig); with a `logger`, say what was done in one start-up line (and warn where
+    recompute cannot save memory)."""
+    if precision.half:
+        cast_to_half(model, _HALF[precision.params_dtype])
+    if recompute.granularity is not None:
+        apply_recompute(model, recompute)
+    if logger is not None and (precision.half or recompute.granularity):
+        logger.info(f" > precision: {precision.describe()} | activation recompute: {recompute.describe()}")
+        if recompute.granularity and jit and ms.get_context("device_target") == "CPU":
+            logger.warning(CPU_COMPILED_RECOMPUTE)
+    return model
+
+
+# Measured with benchmarks/bench_memory.py (MindSpore 2.10, CPU): under mindspore.jit the step's
+# peak memory is not made of the kept activations (it grows ~9x faster with depth than they do),
+# and every recompute variant RAISED it; eagerly, recompute lowers it as expected.
+CPU_COMPILED_RECOMPUTE = (
+    "WARNING: activation recompute does not lower memory in MindSpore's compiled step on the CPU "
+    "backend (peak RSS rises, see benchmarks/bench_memory.py); the layers are recomputed as asked "
+    "(the same results). For less memory on CPU run the step eagerly with --no-jit: about half the "
+    "peak RSS, and recompute then lowers it further")
+
+
+class ModelTransformError(UserError, ValueError):
+    """The model cannot be transformed as the flags ask; the message says what it needs."""
+
+
+def _is_rapidgpt_cell(cell):
+    return type(cell).__module__.startswith("rapidgpt.")
+
+
+def cast_to_half(model, dtype):
+    """Parameters to `dtype` (fp16/bf16); amp's per-cell input casts for cells not of RapidGPT."""
+    for param in model.get_parameters():
+        param.set_dtype(dtype)
+    keep_fp32 = tuple(ms.amp.get_black_list())
+    for _, cell in model.cells_and_names():
+        if _is_rapidgpt_cell(cell) or cell.name_cells():
+            continue            # RapidGPT's own rules; a container's leaves are treated one by one
+        cell.to_float(ms.float32 if isinstance(cell, keep_fp32) else dtype)
+
+
+def layer_lists(model):
+    """The model's lists of layers recompute works on: each nn.CellList/SequentialCell attribute
+    named `layers` (the built-in GPT's decoder layers; a user's model may expose one)."""
+    return [cell for name, cell in model.cells_and_names()
+            if name.rsplit(".", 1)[-1] == "layers" and isinstance(cell, (nn.CellList, nn.SequentialCell))]
+
+
+def apply_recompute(model, config):
+    """Mark what the backward recomputes instead of keeping (MindSpore's `Cell.recompute`).
+
+    selective: each RapidGPT CoreAttention. full/uniform: the layers in chunks of N consecutive
+    ones, only each chunk's input kept; full/block: the first N layers of each layer list.
+    """
+    name = type(model).__name__
+    if config.granularity == "selective":
+        cores = [cell for _, cell in model.cells_and_names() if isinstance(cell, CoreAttention)]
+        if not cores:
+            raise ModelTransformError(f"--recompute-granularity selective: the model ({name}) has no RapidGPT "
+                             f"attention (rapidgpt.models.transformer.ParallelAttention) whose core to "
+                             f"recompute; use --recompute-granularity full with a `layers` list, or no recompute")
+        for core in cores:
+            core.recompute()
+        return
+    lists = layer_lists(model)
+    if not lists:
+        raise ModelTransformError(f"--recompute-granularity full: the model ({name}) has no `layers` list to recompute; "
+                         f"keep its transformer layers in `self.layers = nn.CellList([...])` and run them in "
+                         f"order in construct, or drop the recompute flags")
+    for layers in lists:
+        cells = list(layers)
+        n = config.num_layers
+        if config.method == "block":
+            for layer in cells[:n]:
+                layer.recompute()
+            continue
+        for start in range(0, len(cells), n):
+            chunk = cells[start:start + n]
+            # Inside a chunk the layers' outputs are recomputed too; the chunk's last output is
+            # kept, as it is the next chunk's input.
+            for layer in chunk[:-1]:
+                layer.recompute(output_recompute=True)
+            chunk[-1].recompute()

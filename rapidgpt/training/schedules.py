@@ -1,0 +1,88 @@
+"""Schedules: how one optimizer step's micro-batches run forward and backward (Megatron's
+forward_backward_func). A schedule produces the step's loss and gradients; the optimizer wrapper
+(rapidgpt/optim/mixed_precision.py) consumes them.
+
+The micro-batches of a step arrive stacked, a dict (or tuple) of tensors `[num_micro, ...]`;
+`forward(micro_batch)` is the user's forward hook, returning a loss (or Megatron's
+`(output, loss_fn)`).
+"""
+import mindspore as ms
+from mindspore import ParameterTuple, nn, ops
+
+from rapidgpt.parallel import comm
+from rapidgpt.parallel.data_parallel import GradientSummer
+from rapidgpt.parallel.random import micro_batch_key, set_dropout_key
+from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size
+
+
+def loss_of(output):
+    """A forward hook's result as a scalar loss: `loss`, `(output, loss_fn)` as Megatron's
+    forward_step returns, and a loss_fn returning `(loss, stats)` are all accepted."""
+    if isinstance(output, tuple):
+        output = output[1](output[0])
+        if isinstance(output, tuple):
+            output = output[0]
+    return output
+
+
+def select_micro_batch(stacked, i):
+    if isinstance(stacked, dict):
+        return {key: value[i] for key, value in stacked.items()}
+    return tuple(value[i] for value in stacked)
+
+
+class ForwardBackwardNoPipelining(nn.Cell):
+    """Megatron's forward_backward_no_pipelining, unrolled into the compiled step.
+
+    For micro-batch i of n (its place in the global batch, i * dp + dp_rank as Megatron's sampler
+    deals them, selects its dropout masks):
+
+        loss_i  = the hook's loss, in fp32
+        grads  += d(loss_i * loss_scale / (n * dp)) / d(params)
+
+    (Megatron divides the loss by n before the backward and its DDP scales the gradients by 1/dp,
+    so the sum over DP ranks below is the mean and fp16 overflows at the same loss scale in
+    every layout), accumulated in fp32 when `accumulate_in_fp32` (always for fp32 and bf16 models; fp16 with
+    --accumulate-allreduce-grads-in-fp32), else in the parameters' 16-bit dtype. Then Megatron's
+    finalize_model_grads: the gradients are summed over the data-parallel ranks (flat buckets,
+    rapidgpt/parallel/data_parallel.py), and the loss averaged, for the log.
+
+    `schedule(stacked, iteration, loss_scale) -> (mean loss, grads)`, grads in `params` order.
+    """
+
+    def __init__(self, forward, params, num_micro_batches, accumulate_in_fp32=True):
+        super().__init__(auto_prefix=False)
+        self.forward = forward
+        self.num_micro_batches = num_micro_batches
+        # fp32 gradients need no cast (a copy per parameter and micro-batch otherwise).
+        self.cast_to_fp32 = accumulate_in_fp32 and any(p.dtype != ms.float32 for p in params)
+        self.grad_fn = ms.value_and_grad(self.micro_batch_loss, None, ParameterTuple(params), has_aux=True)
+        self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
+        self.sum_over_dp = GradientSummer(params, get_data_parallel_group())
+        self.dp_sum = comm.AllReduce(get_data_parallel_group())
+
+    def micro_batch_loss(self, micro_batch, dropout_key, loss_multiplier):
+        """(the loss the backward starts from, the hook's loss in fp32) of one micro-batch; the
+        dropout key is an explicit input, set before the forward runs."""
+        set_dropout_key(dropout_key)
+        loss = ops.cast(loss_of(self.forward(micro_batch)), ms.float32)
+        return loss * loss_multiplier, loss
+
+    def construct(self, stacked, iteration, loss_scale=None):
+        n = self.num_micro_batches
+        divisor = n * self.dp_size
+        multiplier = 1.0 / divisor if loss_scale is None else loss_scale / divisor
+        total, grads = None, None
+        for i in range(n):          # unrolled: each micro-batch is its own subgraph
+            key = micro_batch_key(iteration, i * self.dp_size + self.dp_rank)
+            (_, loss), micro_grads = self.grad_fn(select_micro_batch(stacked, i), key, multiplier)
+            if self.cast_to_fp32:
+                micro_grads = tuple(ops.cast(g, ms.float32) for g in micro_grads)
+            total = loss if total is None else total + loss
+            grads = micro_grads if grads is None else tuple(a + b for a, b in zip(grads, micro_grads))
+        if n > 1:
+            total = total / n
+        if self.dp_size > 1:
+            grads = self.sum_over_dp(grads)
+            total = self.dp_sum(total) / self.dp_size
+        return total, grads

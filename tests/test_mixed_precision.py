@@ -1,0 +1,251 @@
+"""Mixed precision (fp16 with Megatron's loss scaler), its checkpoints, and activation recompute,
+in one process. Multi-rank equivalence: tests/test_parallel.py."""
+import math
+import os
+import re
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn, ops
+
+from rapidgpt.arguments import ArgumentError, parse_args
+from rapidgpt.config.precision import PrecisionConfig
+from rapidgpt.optim import DynamicGradScaler, OptimizerWrapper, SGD
+from rapidgpt.tasks.pretraining import main as pretrain_main
+from rapidgpt.tasks.text_generation import main as generation_main
+from rapidgpt.training.checkpointing import gathered_tensors
+from rapidgpt.training.step import TrainStep
+
+# The demo corpus, a tiny GPT, dropout on.
+TINY = ["--task", "pretraining", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3",
+        "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "0", "--hidden-dropout", "0.1",
+        "--attention-dropout", "0.1", "--no-progress-bar", "--max-new-tokens", "0", "--seed", "5"]
+LINE = re.compile(r" iteration\s+(\d+)/.*?\|(?: lm loss: ([\d.E+-]+) \|)? loss scale: ([\d.]+) \|"
+                  r"(?: grad norm: ([\d.]+) \|)? number of skipped iterations:\s+(\d+) \| number of nan iterations:\s+(\d+)")
+
+
+pytestmark = pytest.mark.usefixtures("demo_cache")          # tests/conftest.py
+
+
+def run(capsys, *argv):
+    """{iteration: (lm loss or None, loss scale, grad norm or None, skipped, nan)} from the log."""
+    assert pretrain_main(TINY + list(argv)) == 0
+    out = capsys.readouterr().out
+    lines = {int(m.group(1)): m.groups()[1:] for m in LINE.finditer(out)}
+    assert lines, out
+    return lines, out
+
+
+# ---- the loss scaler against a line-by-line port of Megatron's rule ------------------------------
+
+class MegatronDynamicGradScaler:
+    """megatron/core/optimizer/grad_scaler.py DynamicGradScaler.update, line by line."""
+
+    def __init__(self, initial_scale, min_scale, growth_factor, backoff_factor, growth_interval, hysteresis):
+        self._scale = initial_scale
+        self.min_scale = min_scale
+        self.growth_factor = growth_factor
+        self.backoff_factor = backoff_factor
+        self.growth_interval = growth_interval
+        self.hysteresis = hysteresis
+        self._growth_tracker = 0
+        self._hysteresis_tracker = self.hysteresis
+
+    def update(self, found_inf):
+        # If we have an inf/nan, growth tracker is set to 0
+        # and hysterisis tracker is reduced by 1.
+        if found_inf:
+            self._growth_tracker = 0
+            self._hysteresis_tracker -= 1
+            # Now if we are out of hysteresis count, scale down the loss.
+            if self._hysteresis_tracker <= 0:
+                self._scale = max(self._scale * self.backoff_factor, self.min_scale)
+        else:
+            # If there is no nan/inf, increment the growth tracker.
+            self._growth_tracker += 1
+            # If we have had enough consequitive intervals with no nan/inf:
+            if self._growth_tracker == self.growth_interval:
+                # Reset the tracker and hysteresis trackers,
+                self._growth_tracker = 0
+                self._hysteresis_tracker = self.hysteresis
+                # and scale up the loss scale.
+                self._scale = self._scale * self.growth_factor
+
+
+SEQUENCES = {
+    "consecutive overflows to the floor": [True] * 12 + [False] * 7,
+    "scattered overflows": [True, False, False, True, False, True, True, False, False, False, True, False] * 3,
+    "growth, then overflow, then growth": [False] * 9 + [True] + [False] * 10 + [True, True] + [False] * 8,
+    "hysteresis reset only by growth": [True, False, False, False, True, False, True, True, True, False] * 2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEQUENCES))
+def test_dynamic_scaler_follows_megatrons_rule_step_by_step(name):
+    ours = DynamicGradScaler(initial_scale=2.0 ** 10, min_scale=64.0, growth_interval=4, hysteresis=2)
+    megatron = MegatronDynamicGradScaler(2.0 ** 10, 64.0, 2.0, 0.5, 4, 2)
+    for step, found_inf in enumerate(SEQUENCES[name]):
+        ours.update(Tensor(found_inf))
+        megatron.update(found_inf)
+        assert (float(ours.scale), int(ours.growth_tracker), int(ours.hysteresis_tracker)) == \
+            (megatron._scale, megatron._growth_tracker, megatron._hysteresis_tracker), (name, step)
+
+
+def test_the_scaler_inside_a_compiled_step_skips_overflows_without_touching_anything():
+    """An overflowing fp16 step: no update of weights or optimizer state, the scale follows the rule."""
+    net = nn.Dense(4, 1)
+    net.weight.set_data(Tensor(np.full((1, 4), 0.5, np.float32)))
+    net.bias.set_data(Tensor(np.zeros(1, np.float32)))
+    for p in net.get_parameters():
+        p.set_dtype(ms.float16)
+    precision = PrecisionConfig(params_dtype="float16", initial_loss_scale=2.0 ** 10, hysteresis=1,
+                                loss_scale_window=2, accumulate_allreduce_grads_in_fp32=False)
+    wrapper = OptimizerWrapper.around(SGD(net.trainable_params(), 0.1, momentum=0.0), 0.0, precision)
+
+    def forward(batch):
+        return net(batch[0]).astype(ms.float32).sum()
+
+    step = TrainStep(forward, wrapper, 1)
+    x = Tensor(np.ones((1, 2, 4), np.float16) * 100)   # d loss / d w = 200: fits fp16 (65504) at scale 256
+    before = wrapper.main_params[0].asnumpy().copy()
+    results = [step((x,), 0.1, i) for i in range(1, 7)]
+    assert [r.updated for r in results] == [False, False, True, True, False, True]
+    assert [r.loss_scale for r in results] == [512, 256, 256, 512, 256, 256]      # window 2: grows once
+    np.testing.assert_array_equal(wrapper.main_params[0].asnumpy(), before - 3 * 0.1 * 200)
+    assert net.weight.dtype == ms.float16 and wrapper.main_params[0].dtype == ms.float32
+    np.testing.assert_array_equal(net.weight.asnumpy(), wrapper.main_params[0].asnumpy().astype(np.float16))
+
+
+def test_bf16_is_refused_on_the_cpu_backend_with_one_line():
+    from rapidgpt.engine import RapidGPTEngine
+    args = parse_args(argv=["--task", "pretraining", "--train-iters", "2", "--bf16"])   # device: automatic
+    with pytest.raises(ArgumentError, match="--bf16: MindSpore's CPU backend has no bfloat16 MatMul"):
+        RapidGPTEngine(args=args)
+
+
+# ---- fp16 training through the engine -----------------------------------------------------------
+
+def expected_scales(skipped, iterations, precision=PrecisionConfig(params_dtype="float16")):
+    """Megatron's scale after each iteration when exactly the iterations in `skipped` overflowed."""
+    rule = MegatronDynamicGradScaler(precision.initial_loss_scale, precision.min_loss_scale, 2.0, 0.5,
+                                     precision.loss_scale_window, precision.hysteresis)
+    scales = {}
+    for i in range(1, iterations + 1):
+        rule.update(i in skipped)
+        scales[i] = rule._scale
+    return scales
+
+
+def test_fp16_from_2_pow_32_skips_as_the_rule_predicts_then_trains_like_fp32(capsys):
+    fp16, _ = run(capsys, "--train-iters", "100", "--fp16")
+    fp32, _ = run(capsys, "--train-iters", "100")
+    skipped = {i for i, line in fp16.items() if line[3] == "1"}
+    first_update = min(set(fp16) - skipped)
+    assert skipped == set(range(1, first_update)) and first_update > 2      # a run of overflows, then none
+    assert {i: float(line[1]) for i, line in fp16.items()} == expected_scales(skipped, 100)
+    assert all(line[0] is None and line[2] is None for i, line in fp16.items() if i in skipped)
+    assert all(line[4] == "0" for line in fp16.values())                     # no NaN loss anywhere
+    assert all(math.isfinite(float(line[0])) for i, line in fp16.items() if i not in skipped)
+    assert float(fp16[100][0]) == pytest.approx(float(fp32[100][0]), rel=0.02)
+    assert all(line[1] == "1.0" and line[3] == "0" for line in fp32.values())
+
+
+def test_fp16_resumes_exactly_and_its_checkpoints_are_precision_free(tmp_path, capsys):
+    args = ["--train-iters", "24", "--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3",
+            "--lr-decay-iters", "40"]
+    full, _ = run(capsys, *args)
+    save = str(tmp_path / "ckpt")
+    run(capsys, *args, "--save", save, "--save-interval", "6", "--exit-interval", "12")
+    resumed, _ = run(capsys, *args, "--load", save, "--save", save)
+    assert {i: full[i] for i in range(13, 25)} == resumed          # loss, scale, grad norm, to the digit
+    assert len({line[1] for line in full.values()}) > 2            # the scale moved (grew) on the way
+    weights = gathered_tensors(save)
+    assert weights["layers.0.mlp.dense_h_to_4h.weight"].dtype == np.float32      # the fp32 main weights
+    assert float(weights["grad_scaler.scale"]) == float(full[24][1])
+
+    # An fp16 checkpoint resumes in fp32 (its main weights and Adam state), and the reverse.
+    as_fp32, _ = run(capsys, "--train-iters", "28", "--lr-decay-iters", "40", "--load", save,
+                     "--save", str(tmp_path / "fp32"))
+    assert sorted(as_fp32) == [25, 26, 27, 28]
+    assert float(as_fp32[25][0]) == pytest.approx(float(full[24][0]), rel=0.05)
+    back, _ = run(capsys, "--train-iters", "30", "--lr-decay-iters", "40", "--fp16", "--load", str(tmp_path / "fp32"))
+    assert sorted(back) == [29, 30] and back[29][1] == "4294967296.0"      # a fresh scaler: not in fp32 checkpoints
+    assert generation_main(TINY[2:] + ["--task", "text_generation", "--load", save, "--prompt", "a",
+                                       "--max-new-tokens", "4", "--fp16"]) == 0
+    assert "continuation" in capsys.readouterr().out
+
+
+# ---- recompute -----------------------------------------------------------------------------------
+
+RECOMPUTE = {
+    "full uniform 1 (--checkpoint-activations)": ["--checkpoint-activations"],
+    "full uniform 2": ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"],
+    "full block 3": ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "3"],
+    "selective": ["--recompute-activations"],
+}
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_recompute_gives_bitwise_the_same_losses_and_grad_norms(capsys, jit):
+    mode = [] if jit else ["--no-jit", "--train-iters", "2"]
+    reference, _ = run(capsys, "--train-iters", "3", *mode, "--global-batch-size", "8")   # 2 micro-batches
+    for name, flags in RECOMPUTE.items():
+        lines, out = run(capsys, "--train-iters", "3", *mode, "--global-batch-size", "8", *flags)
+        assert lines == reference, name
+
+
+# ---- a white-box user's own nn.Cell -----------------------------------------------------------------
+
+class UserModel(nn.Cell):
+    """No RapidGPT layer: MindSpore's Dense/LayerNorm/GELU, its blocks in a `layers` list."""
+
+    def __init__(self, with_layer_list=True):
+        super().__init__()
+        self.embed = nn.Dense(8, 16)
+        blocks = [nn.SequentialCell(nn.LayerNorm((16,)), nn.Dense(16, 16), nn.GELU()) for _ in range(3)]
+        # Without a `layers` list (refused for recompute before anything runs) they are `blocks`.
+        setattr(self, "layers" if with_layer_list else "blocks", nn.CellList(blocks))
+        self.head = nn.Dense(16, 1)
+
+    def construct(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = x + layer(x)
+        return ops.square(self.head(x)).mean()
+
+
+def _compose_user_model(*flags, with_layer_list=True):
+    from rapidgpt.engine import RapidGPTEngine
+    engine = RapidGPTEngine(argv=["--train-iters", "10", "--lr", "1e-2", "--seed", "1"] + list(flags))
+    model = UserModel(with_layer_list)
+    rng = np.random.default_rng(0)
+    for p in model.get_parameters():              # the same start for every variant
+        p.set_data(Tensor(rng.normal(0, 0.3, p.shape).astype(np.float32)))
+    return engine.compose(model)
+
+
+def test_a_users_own_cell_trains_in_fp16_with_amp_and_full_recompute_of_its_layer_list():
+    x = Tensor(np.random.default_rng(1).normal(size=(4, 8)).astype(np.float32))
+    runs = {}
+    for name, flags in {"fp16": ["--fp16", "--initial-loss-scale", "1024"],
+                        "fp16 recompute": ["--fp16", "--initial-loss-scale", "1024", "--checkpoint-activations"],
+                        "fp32": []}.items():
+        model, optimizer, scheduler, _ = _compose_user_model(*flags)
+        runs[name] = [optimizer.step(model, x) for _ in range(4)]
+        assert optimizer.last_updated
+        if name != "fp32":
+            assert {p.dtype for p in model.get_parameters()} == {ms.float16}
+            assert {p.dtype for p in optimizer.optimizer.main_params} == {ms.float32}
+    assert runs["fp16 recompute"] == runs["fp16"]                      # bitwise
+    np.testing.assert_allclose(runs["fp16"], runs["fp32"], rtol=5e-3)
+
+
+def test_recompute_of_a_cell_without_a_layer_list_or_rapidgpt_attention_is_refused():
+    from rapidgpt.training.model_transforms import ModelTransformError
+    with pytest.raises(ModelTransformError, match="has no `layers` list to recompute; keep its transformer "
+                                                  "layers in `self.layers = nn.CellList"):
+        _compose_user_model("--checkpoint-activations", with_layer_list=False)
+    with pytest.raises(ModelTransformError, match="selective: the model \\(UserModel\\) has no RapidGPT attention"):
+        _compose_user_model("--recompute-activations")

@@ -91,8 +91,8 @@ def add_precision_args(parser):
                    help=f"fp16 dynamic scaling: double the scale after this many steps without overflow "
                         f"(default {DEFAULT_LOSS_SCALE_WINDOW})")
     g.add_argument("--hysteresis", type=int, default=None,
-                   help=f"fp16 dynamic scaling: overflows tolerated before the scale halves (default "
-                        f"{DEFAULT_HYSTERESIS})")
+                   help=f"fp16 dynamic scaling: the scale halves at every overflow from the N-th one "
+                        f"counted since the last growth on (default {DEFAULT_HYSTERESIS})")
     g.add_argument("--attention-softmax-in-fp32", action="store_true",
                    help="16-bit runs: compute the attention softmax in fp32 (otherwise in 16-bit, as Megatron)")
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",

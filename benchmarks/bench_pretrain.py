@@ -16,6 +16,12 @@ number of CPU threads:
    fastest: GRAPH_MODE `nn.TrainOneStepCell(nn.WithLossCell(net, loss), nn.AdamWeightDecay)`, the
    batch stacked and converted to Tensors in the loop, the loss read back every step.
 
+Variants (--variants): the same RapidGPT run with --fp16, --bf16, --checkpoint-activations (full
+recompute) and --recompute-activations (selective), each in its own fresh subprocess in every
+round, reported beside RapidGPT fp32 measured in the same run with tokens/s, time to first step
+and peak RSS. fp16 exists for Ascend/GPU: on this CPU it is measured, not expected, to be fast;
+bf16 is refused by MindSpore's CPU backend's missing kernels, and the table says so.
+
 Each side runs in its own fresh subprocess (GRAPH_MODE is process-global), one after the other,
 alternating rapidgpt, baseline, rapidgpt, ... for --repeats rounds; the best round of each side is
 reported, with the median of the rounds beside it (all rounds are printed too). Throughput counts
@@ -27,6 +33,7 @@ wait for an idle machine before each side.
 
     python benchmarks/bench_pretrain.py [--iters 20] [--warmup 3] [--repeats 3] [--threads 2]
                                         [--clip-grad 1.0] [--wait-quiet 300]
+                                        [--variants fp32,fp16,bf16,recompute-full,recompute-selective]
 """
 import argparse
 import json
@@ -49,6 +56,16 @@ MODEL = dict(num_layers=4, hidden_size=256, num_heads=4, seq_length=128, micro_b
              vocab_size=8000, dropout=0.1, init_std=0.02, layernorm_eps=1e-5)
 OPTIM = dict(weight_decay=0.01, beta1=0.9, beta2=0.999, eps=1e-8)
 RESULT_PREFIX = "BENCH_RESULT "
+# RapidGPT variants: flags added to the fp32 run.
+# fp16 starts from a scale the bench model's gradients fit (from 2^32 its first ~15 steps would be
+# skipped overflows, which skip the optimizer and so are cheaper than real steps).
+VARIANTS = {"fp32": [], "fp16": ["--fp16", "--initial-loss-scale", "65536"], "bf16": ["--bf16"], "recompute-full": ["--checkpoint-activations"],
+            "recompute-selective": ["--recompute-activations"]}
+
+
+def peak_rss_mib():
+    """This process's peak resident memory (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,7 +103,7 @@ def summarize(side, end_times, losses, start, first_step, tokens_per_iter, warmu
     result = {"side": side, "tokens_per_s": iters * tokens_per_iter / measured,
               "s_per_iter": measured / iters, "median_s_per_iter": statistics.median(per_iter),
               "first_step_s": first_step, "to_first_step_s": end_times[0] - start,
-              "first_loss": losses[0], "final_loss": losses[-1]}
+              "first_loss": losses[0], "final_loss": losses[-1], "peak_rss_mib": peak_rss_mib()}
     result.update(extra or {})
     return result
 
@@ -97,7 +114,7 @@ def summarize(side, end_times, losses, start, first_step, tokens_per_iter, warmu
 class _IterationClock(logging.Handler):
     """Records the wall time, iteration, reported ms and loss of every Megatron training line."""
     LINE = re.compile(r"iteration\s+(\d+)/.*elapsed time per iteration \(ms\): ([\d.]+)"
-                      r".*lm loss: ([\dE+.-]+)")
+                      r"(?:.*lm loss: ([\dE+.-]+))?")      # no loss on a skipped (overflow) step
 
     def __init__(self):
         super().__init__()
@@ -107,16 +124,18 @@ class _IterationClock(logging.Handler):
         now = time.perf_counter()
         match = self.LINE.search(record.getMessage())
         if match:
-            self.records.append((now, int(match[1]), float(match[2]), float(match[3])))
+            self.records.append((now, int(match[1]), float(match[2]),
+                                 float(match[3]) if match[3] else float("nan")))
 
 
-def run_rapidgpt(opts):
+def run_rapidgpt(opts, model=MODEL, extra_flags=()):
+    """RapidGPT's engine on `model` (MODEL's keys) with `extra_flags` (e.g. --fp16)."""
     from rapidgpt.arguments import parse_args
     from rapidgpt.engine import RapidGPTEngine
     from rapidgpt.global_vars import get_logger
     from rapidgpt.tasks.pretraining import GPTPretrainer
 
-    m, o = MODEL, OPTIM
+    m, o = model, OPTIM
     total = opts.warmup + opts.iters
     argv = ["--num-layers", m["num_layers"], "--hidden-size", m["hidden_size"],
             "--num-attention-heads", m["num_heads"], "--seq-length", m["seq_length"],
@@ -128,7 +147,7 @@ def run_rapidgpt(opts):
             "--clip-grad", opts.clip_grad,
             "--adam-beta1", o["beta1"], "--adam-beta2", o["beta2"], "--adam-eps", o["eps"],
             "--train-iters", total, "--log-interval", 1, "--eval-iters", 0, "--no-progress-bar",
-            "--cpu-threads", opts.threads, "--device", "cpu", "--seed", 1234]
+            "--cpu-threads", opts.threads, "--device", "cpu", "--seed", 1234, *extra_flags]
     args = parse_args(argv=[str(a) for a in argv])
     engine = RapidGPTEngine(args=args)
 
@@ -282,21 +301,27 @@ def wait_until_quiet(max_wait, threshold=0.1, window=2.0):
             return load
 
 
-def run_side(side, opts):
-    """One side in a fresh process; also measures how much CPU OTHER processes took meanwhile."""
+def run_side(side, opts, variant="fp32"):
+    """One side in a fresh process; also measures how much CPU OTHER processes took meanwhile.
+    A RapidGPT variant that exits with its one-line error (bf16 on CPU) comes back as
+    {"refused": that line}."""
     if opts.wait_quiet:
         wait_until_quiet(opts.wait_quiet)
     child_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy_before, wall_before = busy_seconds(), time.perf_counter()
     cmd = [sys.executable, os.path.abspath(__file__), "--only", side, "--iters", str(opts.iters),
            "--warmup", str(opts.warmup), "--threads", str(opts.threads), "--lr", str(opts.lr),
-           "--clip-grad", str(opts.clip_grad)]
+           "--clip-grad", str(opts.clip_grad), "--variant", variant]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     child_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter() - wall_before
     ours = (child_after.ru_utime + child_after.ru_stime) - (child_before.ru_utime + child_before.ru_stime)
     others = max(busy_seconds() - busy_before - ours, 0.0) / wall   # average cores used by others
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    refusals = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("rapidgpt: error:")
+                or "ArgumentError: " in line]
+    if proc.returncode != 0 and refusals:
+        return {"refused": refusals[-1].split("ArgumentError: ")[-1]}
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
         raise SystemExit(f"the {side} subprocess failed (exit {proc.returncode})")
@@ -308,7 +333,8 @@ def run_side(side, opts):
 def describe(r):
     text = (f"{r['tokens_per_s']:8.1f} tokens/s  ({r['s_per_iter'] * 1000:.0f} ms/iter, median "
             f"{r['median_s_per_iter'] * 1000:.0f})  first step {r['first_step_s']:.2f} s, to first step "
-            f"{r['to_first_step_s']:.2f} s  loss {r['first_loss']:.3f} -> {r['final_loss']:.3f}")
+            f"{r['to_first_step_s']:.2f} s  loss {r['first_loss']:.3f} -> {r['final_loss']:.3f}  "
+            f"peak RSS {r['peak_rss_mib']:.0f} MiB")
     if "engine_reported_s_per_iter" in r:
         text += f"  [engine's own timer: {r['engine_reported_s_per_iter'] * 1000:.0f} ms/iter]"
     if r.get("other_processes_cores", 0.0) > 0.1:
@@ -333,12 +359,20 @@ def main():
                         help="run one side in this process and print its JSON result line")
     parser.add_argument("--show-log", action="store_true",
                         help="with --only rapidgpt: keep the engine's log")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"RapidGPT variants to run beside fp32, comma-separated from {', '.join(VARIANTS)}")
+    parser.add_argument("--variant", choices=list(VARIANTS), default="fp32", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    variants = [v for v in opts.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     if opts.warmup < 1 or opts.iters < 1:
         parser.error("--warmup and --iters must be >= 1 (iteration 1 compiles and is never measured)")
 
     if opts.only:
-        result = (run_rapidgpt if opts.only == "rapidgpt" else run_baseline)(opts)
+        result = (run_rapidgpt(opts, extra_flags=VARIANTS[opts.variant]) if opts.only == "rapidgpt"
+                  else run_baseline(opts))
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         return
 
@@ -349,11 +383,19 @@ def main():
           f"{opts.threads} CPU threads; {opts.warmup} warm-up + {opts.iters} measured iterations, "
           f"{opts.repeats} round(s)")
     runs = {"rapidgpt": [], "baseline": []}
+    others = {v: [] for v in variants if v != "fp32"}
     for round_ in range(1, opts.repeats + 1):
         for side in ("rapidgpt", "baseline"):
             result = run_side(side, opts)
             runs[side].append(result)
             print(f"  round {round_} {side:8s}: {describe(result)}", flush=True)
+        for variant in others:
+            if others[variant] and "refused" in others[variant][0]:
+                continue                          # refused once: the backend will not change
+            result = run_side("rapidgpt", opts, variant)
+            others[variant].append(result)
+            text = f"refused: {result['refused']}" if "refused" in result else describe(result)
+            print(f"  round {round_} rapidgpt {variant}: {text}", flush=True)
     best = {side: max(results, key=lambda r: r["tokens_per_s"]) for side, results in runs.items()}
     ours, base = best["rapidgpt"], best["baseline"]
     print(f"best of {opts.repeats} round(s):")
@@ -368,10 +410,32 @@ def main():
     med = {side: statistics.median(r["tokens_per_s"] for r in results) for side, results in runs.items()}
     print(f"median of {opts.repeats} round(s): rapidgpt {med['rapidgpt']:.1f}, "
           f"baseline {med['baseline']:.1f} tokens/s, ratio {med['rapidgpt'] / med['baseline']:.3f}")
-    busy = [r for results in runs.values() for r in results if r["other_processes_cores"] > 0.1]
+    if others:
+        print_variants(ours, others)
+    every = [r for results in list(runs.values()) + list(others.values()) for r in results]
+    busy = [r for r in every if r.get("other_processes_cores", 0.0) > 0.1]
     if busy:
-        print(f"note: other processes used CPU during {len(busy)} of {2 * opts.repeats} runs; "
+        print(f"note: other processes used CPU during {len(busy)} of {len(every)} runs; "
               f"rerun with --wait-quiet 300 on a shared machine")
+
+
+def print_variants(fp32, others):
+    """The variants' best rounds beside RapidGPT fp32's best, measured in the same run."""
+    print("RapidGPT variants (best round each; ratio = tokens/s / RapidGPT fp32's):")
+    print(f"  {'variant':20s} {'tokens/s':>9s} {'ratio':>6s} {'to first step':>14s} {'peak RSS':>10s}")
+    rows = [("fp32", fp32)] + [(v, max(rs, key=lambda r: r.get("tokens_per_s", 0.0))) for v, rs in others.items()]
+    for variant, r in rows:
+        if "refused" in r:
+            print(f"  {variant:20s} refused on this backend: {r['refused']}")
+            continue
+        print(f"  {variant:20s} {r['tokens_per_s']:9.1f} {r['tokens_per_s'] / fp32['tokens_per_s']:6.3f} "
+              f"{r['to_first_step_s']:12.2f} s {r['peak_rss_mib']:6.0f} MiB")
+    fp16 = dict(rows).get("fp16")
+    if fp16 is not None and "refused" not in fp16:
+        slower = fp16["tokens_per_s"] < fp32["tokens_per_s"]
+        print(f"fp16 is {'slower' if slower else 'not slower'} than fp32 on this machine "
+              f"({fp16['tokens_per_s']:.1f} vs {fp32['tokens_per_s']:.1f} tokens/s)"
+              + ("; 16-bit pays off where its kernels are faster (Ascend/GPU)" if slower else ""))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, nn, ops
 
 from rapidgpt.config.precision import PrecisionConfig
+from rapidgpt.errors import UserError
 from rapidgpt.optim.adamw import build_optimizer
 from rapidgpt.optim.clip_grads import clip_grads_by_global_norm, global_grad_norm
 from rapidgpt.optim.grad_scaler import build_grad_scaler
@@ -138,6 +139,10 @@ class OptimizerWrapper(nn.Cell):
                 model_param.set_data(main_param.value().astype(model_param.dtype))
 
 
+class OptimizerRebuildError(UserError, TypeError):
+    """A user's optimizer cannot be rebuilt over fp32 main parameters; the message says what to return."""
+
+
 def wrap_optimizer(optimizer, model, args):
     """The OptimizerWrapper of a run: over `optimizer` (a user's, or None: built from the optimizer
     flags over the model's trainable parameters) with `args.precision` and --clip-grad.
@@ -150,7 +155,7 @@ def wrap_optimizer(optimizer, model, args):
         return OptimizerWrapper(model.trainable_params(), lambda main_params: build_optimizer(args, main_params),
                                 precision, args.clip_grad)
     if precision.half and not hasattr(optimizer, "with_parameters"):
-        raise TypeError(f"--{'fp16' if precision.params_dtype == 'float16' else 'bf16'}: the "
+        raise OptimizerRebuildError(f"--{'fp16' if precision.params_dtype == 'float16' else 'bf16'}: the "
                         f"{type(optimizer).__name__} from model_optimizer_lr_scheduler_provider cannot be "
                         f"rebuilt over fp32 main parameters; return rapidgpt.optim.AdamW/SGD, or None to "
                         f"build one from the flags")

@@ -110,10 +110,7 @@ class Trainer:
                                     "`parameters` and must be callable as optimizer(grads, lr); use "
                                     "rapidgpt.optim.AdamW/SGD or return None to build one from the flags")
         self.timers("model-and-optimizer-setup").start()
-        try:
-            optimizer = wrap_optimizer(optimizer, model, self.args)
-        except TypeError as e:
-            raise HookContractError(str(e)) from None
+        optimizer = wrap_optimizer(optimizer, model, self.args)
         if scheduler is None:
             scheduler = build_lr_scheduler(self.args)
         self.timers("model-and-optimizer-setup").stop()

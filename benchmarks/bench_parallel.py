@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Tensor and data parallelism on 2 processes against 1 process, and their communication share,
-measured in the same run.
+"""Tensor, data and pipeline parallelism on 2 processes against 1 process, their communication
+share and the pipeline's bubble, measured in the same run.
 
 Every run is `rapidgpt --task pretraining` on the embedded demo corpus with the same GPT (4 layers,
 hidden 256, 4 heads, seq 128, fp32, dropout 0.1, AdamW) and the same global batch (16 samples):
@@ -19,7 +19,13 @@ the ranks then do exactly their computation without exchanging anything (the los
 meaningless). share = 1 - t(no communication) / t(real). The CPU backend's collectives are
 all-reduces over TCP (MindSpore's mccl); the emulations' zero-filled buffers stay in both runs.
 
-    python benchmarks/bench_parallel.py [--iters 20] [--warmup 5] [--port 29650]
+Pipeline: PP=2 (1F1B) with m = 2, 4, 8 micro-batches per step (micro batch 8, 4, 2), each beside
+one process with the same micro-batches. The measured bubble of a stage is the time it spends in
+point-to-point exchanges (waiting for its neighbour, plus the transfer itself) divided by its step
+time, from RapidGPT's --timing-log-level 2 timers ("pipeline-p2p", "forward-backward-optimizer",
+every rank's with --timing-log-option all); Megatron's ideal bubble is (P - 1) / (m + P - 1).
+
+    python benchmarks/bench_parallel.py [--iters 20] [--warmup 5] [--port 29650] [--only tp-dp|pp]
 """
 import argparse
 import os
@@ -37,6 +43,7 @@ MODEL = ["--task", "pretraining", "--num-layers", "4", "--hidden-size", "256", "
          "--max-new-tokens", "0", "--eval-iters", "0", "--seed", "1"]
 ELAPSED = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)")
 WORKER_FLAG = "--worker-without-communication"
+RANK_TIMES = re.compile(r"  ([\w-]+):\n((?:     rank +\d+: [\d.]+\n?)+)")
 
 
 def run_without_communication(cli_argv):
@@ -61,8 +68,17 @@ def iteration_times(log, warmup):
     return statistics.median(kept)
 
 
-def run(label, nproc, extra, opts, communicate=True):
-    """Median iteration time (ms) of one configuration."""
+def rank_timers(log, warmup):
+    """{timer: [per-rank ms, median over the logged iterations after the warm-up]} from the
+    --timing-log-option all blocks (one per iteration with --log-interval 1)."""
+    blocks = {}
+    for name, rows in RANK_TIMES.findall(log):
+        blocks.setdefault(name, []).append([float(v) for v in re.findall(r": ([\d.]+)", rows)])
+    return {name: [statistics.median(column) for column in zip(*values[warmup:])] for name, values in blocks.items()}
+
+
+def run(label, nproc, extra, opts, communicate=True, want_log=False):
+    """Median iteration time (ms) of one configuration (and rank 0's log)."""
     train = MODEL + ["--train-iters", str(opts.warmup + opts.iters)] + extra
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
@@ -87,7 +103,25 @@ def run(label, nproc, extra, opts, communicate=True):
     median = iteration_times(log, opts.warmup)
     print(f"  {label:<34} {median:8.1f} ms/iteration  {GLOBAL_BATCH * SEQ / median * 1000:8.1f} tokens/s",
           flush=True)
-    return median
+    return (median, log) if want_log else median
+
+
+def pipeline(opts):
+    """PP=2 beside one process at m = 2, 4, 8; the measured bubble beside Megatron's."""
+    rows = []
+    for m in (2, 4, 8):
+        micro = ["--micro-batch-size", str(GLOBAL_BATCH // m)]
+        single = run(f"1 process, m={m}", 1, micro, opts)
+        real, log = run(f"PP=2, 2 processes, m={m}", 2, micro + [
+            "--pipeline-model-parallel-size", "2", "--timing-log-level", "2", "--timing-log-option", "all"],
+            opts, want_log=True)
+        timers = rank_timers(log, opts.warmup)
+        bubbles = [p2p / step for p2p, step in zip(timers["pipeline-p2p"], timers["forward-backward-optimizer"])]
+        rows.append((m, single, real, bubbles, 1 / (m + 1)))
+    print(f"\n{'PP=2':<6} {'tokens/s':>9} {'1 process':>10} {'ratio':>6} {'bubble stage 0, 1':>19} {'Megatron (P-1)/(m+P-1)':>24}")
+    for m, single, real, bubbles, ideal in rows:
+        print(f"m={m:<4} {GLOBAL_BATCH * SEQ / real * 1000:9.1f} {GLOBAL_BATCH * SEQ / single * 1000:10.1f} "
+              f"{single / real:5.2f}x {bubbles[0]:9.0%} {bubbles[1]:8.0%} {ideal:23.0%}")
 
 
 def main():
@@ -97,9 +131,18 @@ def main():
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per run")
     parser.add_argument("--warmup", type=int, default=5, help="iterations left out (compile, caches)")
     parser.add_argument("--port", type=int, default=29650, help="msrun master port")
+    parser.add_argument("--only", choices=["tp-dp", "pp"], default=None, help="run one part")
     opts = parser.parse_args()
     print(f"GPT 4 x 256, seq {SEQ}, global batch {GLOBAL_BATCH}, fp32; median of {opts.iters} iterations "
           f"after {opts.warmup}; {os.cpu_count()} CPU cores")
+    if opts.only != "pp":
+        tensor_and_data(opts)
+    if opts.only != "tp-dp":
+        pipeline(opts)
+    return 0
+
+
+def tensor_and_data(opts):
     single = run("1 process (baseline)", 1, [], opts)
     results = {}
     for name, extra in (("TP=2", ["--tensor-model-parallel-size", "2"]), ("DP=2", [])):
@@ -111,7 +154,6 @@ def main():
     for name, (real, alone) in results.items():
         print(f"{name:<8} {GLOBAL_BATCH * SEQ / real * 1000:9.1f} {single / real:12.2f}x "
               f"{max(0.0, 1 - alone / real):19.0%}")
-    return 0
 
 
 if __name__ == "__main__":

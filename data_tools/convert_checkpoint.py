@@ -1,15 +1,19 @@
 #!/usr/bin/env python
-"""Change the tensor-parallel size of a RapidGPT checkpoint offline (numpy only, one process).
+"""Change the tensor- and pipeline-parallel sizes of a RapidGPT checkpoint offline (one process).
 
     python data_tools/convert_checkpoint.py --load ckpt_tp2 --save ckpt_tp4 --target-tensor-parallel-size 4
+    python data_tools/convert_checkpoint.py --load ckpt_pp2 --save ckpt_pp1 --target-pipeline-parallel-size 1
 
 Reads the latest complete checkpoint under --load (or the iter_* directory given), merges every
 tensor's `mp_rank_XX` pieces into the full tensor, refits the vocabulary padding to
 --make-vocab-size-divisible-by x the new TP size, and writes the target size's pieces (model and
 optimizer state alike) as iteration N of --save, atomically, with metadata, scheduler, RNG state
 and consumed samples unchanged: a run at the new size resumes from it exactly as from the
-original. `rapidgpt --load` also reshards on the fly; converting once saves every rank reading
-every piece at each start.
+original. Pipeline stages (`mp_rank_XX_YYY`) are merged by name; to split a checkpoint into
+stages, tensors are placed by the built-in GPT's stage rule (rapidgpt.models.gpt.gpt_stages_of:
+a layer on the stage of its global index, embeddings first, final LayerNorm and output layer last,
+the tied word embeddings on both ends). `rapidgpt --load` also reshards on the fly; converting once
+saves every rank reading every piece at each start.
 """
 import argparse
 import json
@@ -22,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import mindspore as ms  # noqa: E402
 
 from rapidgpt.arguments import padded_vocab_size  # noqa: E402
+from rapidgpt.models.gpt import gpt_stages_of  # noqa: E402
 from rapidgpt.parallel.resharding import split_for_rank  # noqa: E402
 from rapidgpt.training.checkpoint_files import (METADATA, STATE, WEIGHTS, CheckpointError,  # noqa: E402
                                                 file_record, file_records, find_checkpoint,
@@ -33,20 +38,37 @@ from rapidgpt.training.checkpointing import gathered_tensors  # noqa: E402
 PROG = "convert_checkpoint.py"
 
 
-def convert(load, save, target_tp):
-    """Write checkpoint `load` at tensor-parallel size `target_tp` under `save`; returns its path."""
+def _merged_state(source, pp_size):
+    """state.json of TP rank 0, every pipeline stage's model parameters and tensor layout merged."""
+    states = []
+    for stage in range(pp_size):
+        with open(os.path.join(source, rank_dir_name(0, stage, pp_size), STATE)) as f:
+            states.append(json.load(f))
+    if any("tensor_parallel_layout" not in state for state in states):
+        return None
+    state = dict(states[0])
+    state["model_parameters"] = [n for s in states for n in s.get("model_parameters") or [] if n]
+    state["tensor_parallel_layout"] = {k: v for s in states for k, v in s["tensor_parallel_layout"].items()}
+    return state
+
+
+def convert(load, save, target_tp, target_pp=None):
+    """Write checkpoint `load` at tensor-parallel size `target_tp` and pipeline size `target_pp`
+    (default: the checkpoint's) under `save`; returns (its path, the source's TP size, PP size)."""
     source = find_checkpoint(load)
     with open(os.path.join(source, METADATA)) as f:
         metadata = json.load(f)
     parallel = metadata.get("parallel", {})
-    if parallel.get("pipeline_model_parallel_size", 1) != 1:
-        raise CheckpointError(f"--load {load}: checkpoints with pipeline stages cannot be converted yet")
-    with open(os.path.join(source, rank_dir_name(0), STATE)) as f:
-        state = json.load(f)
-    if "tensor_parallel_layout" not in state:
+    source_pp = parallel.get("pipeline_model_parallel_size", 1)
+    target_pp = target_pp or source_pp
+    state = _merged_state(source, source_pp)
+    if state is None:
         raise CheckpointError(f"--load {load}: the checkpoint does not record how its tensors are split "
                               f"(saved by an older RapidGPT)")
     model = metadata.get("model") or {}
+    if target_pp > 1 and (not model.get("num_layers") or model["num_layers"] % target_pp):
+        raise CheckpointError(f"--target-pipeline-parallel-size {target_pp} does not divide the checkpoint's "
+                              f"--num-layers {model.get('num_layers')}")
     for flag in ("num_attention_heads", "ffn_hidden_size"):
         if model.get(flag) and model[flag] % target_tp:
             raise CheckpointError(f"--target-tensor-parallel-size {target_tp} does not divide the checkpoint's "
@@ -64,33 +86,48 @@ def convert(load, save, target_tp):
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        _write_pieces(source, tmp, full, state, padded, target_tp)
-        metadata["parallel"] = dict(parallel, tensor_model_parallel_size=target_tp, world_size=target_tp)
+        _write_pieces(source, tmp, full, state, padded, target_tp, target_pp, model)
+        metadata["parallel"] = dict(parallel, tensor_model_parallel_size=target_tp,
+                                    pipeline_model_parallel_size=target_pp, world_size=target_tp * target_pp)
         if padded and metadata.get("padded_vocab_size"):
             metadata["padded_vocab_size"] = max(padded.values())
-        metadata.setdefault("args", {})["tensor_model_parallel_size"] = target_tp
+        metadata.setdefault("args", {}).update(tensor_model_parallel_size=target_tp,
+                                               pipeline_model_parallel_size=target_pp)
         metadata["files"] = file_records(tmp)
         write_json(os.path.join(tmp, METADATA), metadata)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     publish_checkpoint(save, tmp, iteration)
-    return iteration_dir(save, iteration), parallel.get("tensor_model_parallel_size", 1)
+    return iteration_dir(save, iteration), parallel.get("tensor_model_parallel_size", 1), source_pp
 
 
-def _write_pieces(source, tmp, full, state, padded, target_tp):
-    """Every target rank's mp_rank_XX folder (weights in the source's format, `state` as its
-    state.json) and the source's other files (tokenizer files kept beside the metadata) into `tmp`,
-    each file fsync'ed. `padded`: the target's padded rows of each vocabulary-sized tensor."""
+def _write_pieces(source, tmp, full, state, padded, target_tp, target_pp, model):
+    """Every target rank's mp_rank_XX(_YYY) folder (weights in the source's format, `state` as its
+    state.json, restricted to the stage's tensors) and the source's other files (tokenizer files
+    kept beside the metadata) into `tmp`, each file fsync'ed. `padded`: the target's padded rows of
+    each vocabulary-sized tensor."""
     layout = state["tensor_parallel_layout"]
-    fmt = "safetensors" if os.path.isfile(os.path.join(source, rank_dir_name(0), f"{WEIGHTS}.safetensors")) \
+    fmt = "safetensors" if any(name.endswith(".safetensors") for _, _, names in os.walk(source) for name in names) \
         else "ckpt"
+    tied = not model.get("untie_embeddings_and_output_weights")
+    for stage in range(target_pp):
+        names = [name for name in full if target_pp == 1 or
+                 stage in gpt_stages_of(name, model["num_layers"], target_pp, tied)]
+        stage_state = dict(state, model_parameters=[n for n in state["model_parameters"] if n in names],
+                           tensor_parallel_layout={k: v for k, v in layout.items() if k in names})
+        _write_stage(tmp, {name: full[name] for name in names}, stage_state, padded, target_tp, stage,
+                     target_pp, fmt)
     for name in os.listdir(source):
         if os.path.isfile(os.path.join(source, name)) and name != METADATA:
             shutil.copy2(os.path.join(source, name), os.path.join(tmp, name))
             fsync_path(os.path.join(tmp, name))
+
+
+def _write_stage(tmp, full, state, padded, target_tp, stage, target_pp, fmt):
+    layout = state["tensor_parallel_layout"]
     for rank in range(target_tp):
-        rank_dir = os.path.join(tmp, rank_dir_name(rank))
+        rank_dir = os.path.join(tmp, rank_dir_name(rank, stage, target_pp))
         os.makedirs(rank_dir)
         pieces = []
         for name, value in full.items():
@@ -111,21 +148,34 @@ def _write_pieces(source, tmp, full, state, padded, target_tp):
         write_json(os.path.join(rank_dir, STATE), dict(state, weights_file=file_record(weights)))
 
 
+def _source_tp(load):
+    with open(os.path.join(find_checkpoint(load), METADATA)) as f:
+        return json.load(f).get("parallel", {}).get("tensor_model_parallel_size", 1)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--load", required=True, help="checkpoint folder (or iter_* directory) to read")
     parser.add_argument("--save", required=True, help="folder to write the converted checkpoint into")
-    parser.add_argument("--target-tensor-parallel-size", type=int, required=True,
-                        help="tensor-parallel size of the written checkpoint")
+    parser.add_argument("--target-tensor-parallel-size", type=int, default=None,
+                        help="tensor-parallel size of the written checkpoint (default: the checkpoint's)")
+    parser.add_argument("--target-pipeline-parallel-size", type=int, default=None,
+                        help="pipeline stages of the written checkpoint (default: the checkpoint's); "
+                             "stages are split by the built-in GPT's rule")
     args = parser.parse_args(argv)
-    if args.target_tensor_parallel_size < 1:
-        parser.error("--target-tensor-parallel-size must be >= 1")
+    if args.target_tensor_parallel_size is None and args.target_pipeline_parallel_size is None:
+        parser.error("give --target-tensor-parallel-size and/or --target-pipeline-parallel-size")
+    for flag in ("target_tensor_parallel_size", "target_pipeline_parallel_size"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     try:
-        path, source_tp = convert(args.load, args.save, args.target_tensor_parallel_size)
+        target_tp = args.target_tensor_parallel_size or _source_tp(args.load)
+        path, source_tp, source_pp = convert(args.load, args.save, target_tp, args.target_pipeline_parallel_size)
     except (CheckpointError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {path}: tensor-parallel size {source_tp} -> {args.target_tensor_parallel_size}")
+    target_pp = args.target_pipeline_parallel_size or source_pp
+    print(f"wrote {path}: tensor-parallel size {source_tp} -> {target_tp}, pipeline size {source_pp} -> {target_pp}")
     return 0
 
 

@@ -121,9 +121,10 @@ def _data_args(parser):
 # Flags whose feature arrives in a later release. They parse (so a Megatron launch script reads
 # without surprises) and any non-default value is refused with this explanation.
 NOT_YET = {
-    "pipeline and sequence parallelism arrive in a later release": [
-        ("--pipeline-model-parallel-size", 1),
-        ("--num-layers-per-virtual-pipeline-stage", None), ("--sequence-parallel", False)],
+    "the interleaved pipeline schedule, uneven pipeline stages and sequence parallelism arrive in a "
+    "later release": [
+        ("--num-layers-per-virtual-pipeline-stage", None), ("--decoder-first-pipeline-num-layers", None),
+        ("--decoder-last-pipeline-num-layers", None), ("--sequence-parallel", False)],
     "ZeRO optimizer sharding arrives with the ZeRO release": [
         ("--use-distributed-optimizer", False), ("--zero-1-memory-optimization", False),
         ("--zero-2-memory-optimization", False), ("--zero-3-memory-optimization", False),
@@ -136,6 +137,10 @@ def _parallel_args(parser):
     g.add_argument("--tensor-model-parallel-size", type=int, default=1,
                    help="split every layer's matrices over this many ranks (Megatron TP); the data-"
                         "parallel size is the number of processes / (TP x PP)")
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1,
+                   help="split the decoder's layers into this many stages run as Megatron's 1F1B "
+                        "pipeline (each stage a block of DP ranks); --num-layers must be divisible by it "
+                        "(see README, Pipeline parallelism)")
 
 
 def _launcher_args(parser):
@@ -470,8 +475,18 @@ def _check_layout(args, check, world_size):
     tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     if not check.require(tp >= 1, f"--tensor-model-parallel-size: must be >= 1, got {tp}"):
         tp = args.tensor_model_parallel_size = 1
+    if not check.require(pp >= 1, f"--pipeline-model-parallel-size: must be >= 1, got {pp}"):
+        pp = args.pipeline_model_parallel_size = 1
+    check.require(not args.num_layers or args.num_layers % pp == 0,
+                  f"--pipeline-model-parallel-size: --num-layers {args.num_layers} cannot be split into {pp} "
+                  f"equal stages; choose a stage count that divides the layers (uneven "
+                  f"--decoder-first/last-pipeline-num-layers are not supported)")
+    check.require(pp == 1 or tp == 1,
+                  f"--pipeline-model-parallel-size {pp} with --tensor-model-parallel-size {tp}: not in this build "
+                  f"(MindSpore 2.10 fails to compile the tensor-parallel layers' custom backward inside a pipeline "
+                  f"stage's recorded forward); use pipeline or tensor parallelism, each with data parallelism")
     model_parallel = tp * pp
-    check.require(pp != 1 or world_size % model_parallel == 0,         # PP > 1 is refused above
+    check.require(world_size % model_parallel == 0,
                   f"--tensor-model-parallel-size: {world_size} processes cannot be split into groups of "
                   f"{tp} (TP) x {pp} (PP); make the number of processes (--nproc-per-node x --nnodes) a "
                   f"multiple of {model_parallel}")

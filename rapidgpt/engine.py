@@ -94,10 +94,18 @@ class RapidGPTEngine:
 
     @staticmethod
     def _groups(state):
-        """This rank's TP, DP and PP communication groups (every member creates each)."""
-        return {"tensor": comm.new_group(state.tensor_parallel_ranks()),
-                "data": comm.new_group(state.data_parallel_ranks()),
-                "pipeline": comm.new_group(state.pipeline_parallel_ranks())}
+        """This rank's communication groups (every member creates each; the neighbour pairs in
+        stage order, so that each pair's two members create it at matching moments)."""
+        prev, nxt = state.pipeline_pairs()
+        groups = {"tensor": comm.new_group(state.tensor_parallel_ranks()),
+                  "data": comm.new_group(state.data_parallel_ranks()),
+                  "pipeline": comm.new_group(state.pipeline_parallel_ranks()),
+                  "model": comm.new_group(state.model_parallel_ranks())}
+        embedding = state.embedding_ranks()
+        groups["embedding"] = comm.new_group(embedding) if state.rank in embedding else None
+        groups["pipeline_prev"] = comm.new_group(prev) if prev else None
+        groups["pipeline_next"] = comm.new_group(nxt) if nxt else None
+        return groups
 
     def compose(self, model, optimizer=None, lr_scheduler=None, train_dataloader=None):
         """Rapidformer's no-trainer mode for a hand-written loop.
@@ -110,6 +118,10 @@ class RapidGPTEngine:
         as Megatron); and the scheduler (built from the flags when None; advance it with
         `lr_scheduler.step(samples)`).
         """
+        if self.args.pipeline_model_parallel_size > 1:
+            raise ArgumentError(f"--pipeline-model-parallel-size {self.args.pipeline_model_parallel_size}: "
+                                f"engine.compose runs a hand-written loop without pipeline stages; use a "
+                                f"Pretrainer for pipeline parallelism")
         if lr_scheduler is None and not self.args.train_iters:
             raise ArgumentError("--train-iters: engine.compose builds the LR schedule, which decays over "
                                 "--train-iters (or --train-samples); give one, or pass your lr_scheduler")

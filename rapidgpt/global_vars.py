@@ -91,6 +91,11 @@ class Timers:
         self.log_level, self.log_option = log_level, log_option
         self._null = _NullTimer()
 
+    def measuring(self, log_level):
+        """Whether timers of `log_level` measure (callers then synchronise the device before
+        stopping them, so asynchronous work is counted where it runs)."""
+        return log_level <= self.log_level
+
     def __call__(self, name, log_level=0):
         if log_level > self.log_level:
             return self._null

@@ -106,7 +106,7 @@ class MegatronGPTPretrainer(Pretrainer):
         """
         tokenizer = get_tokenizer()
         vocab_size = tokenizer.vocab_size if tokenizer is not None else self.args.vocab_size
-        model = build_gpt_model(self.args, vocab_size)
+        model = build_gpt_model(self.args, vocab_size, pre_process, post_process)
         return model, None, None
 
     def run_forward_step(self, data_iterator, model):

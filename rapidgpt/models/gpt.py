@@ -7,7 +7,18 @@ the logits `[b, s, vocab]` over the TRUE vocabulary: rows added by vocabulary pa
 With `--untie-embeddings-and-output-weights` the output layer has its own weights.
 `position_ids` `[b, s]` default to 0..s-1 for every sequence (Megatron's data pipeline passes them,
 with --reset-position-ids restarting them at document boundaries).
+
+Pipeline stages (Megatron's pre_process/post_process, by default this rank's stage): the first
+stage holds the embeddings, the last the final LayerNorm, the output layer and the loss, each its
+range of layers under their global names (rapidgpt/parallel/pipeline.py). A stage that is not the
+first takes its input `[b, s, h]` from Megatron's `set_input_tensor` (tokens are then unused); one
+that is not the last returns its hidden states `[b, s, h]`. With tied embeddings the last stage holds
+its own copy of the word embeddings, named and initialised as the first stage's; their gradients
+are summed over the embedding group, so the two copies stay equal.
 """
+import re
+from collections import OrderedDict
+
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 import numpy as np
@@ -17,8 +28,10 @@ from rapidgpt.models.transformer import LayerNorm, ParallelTransformerLayer, Tra
 from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy
 from rapidgpt.parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
 from rapidgpt.parallel.mappings import CopyToTensorParallelRegion, GatherFromTensorParallelRegion
+from rapidgpt.parallel.pipeline import stage_layer_range
 from rapidgpt.parallel.random import Dropout, ParamInit, graph_arange
-from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
+from rapidgpt.parallel.state import (get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
+                                     get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size)
 
 
 class PositionEmbedding(nn.Cell):
@@ -34,44 +47,68 @@ class PositionEmbedding(nn.Cell):
 
 
 class GPTModel(nn.Cell):
-    def __init__(self, config, vocab_size, padded_vocab_size, untie_embeddings_and_output_weights=False):
+    def __init__(self, config, vocab_size, padded_vocab_size, untie_embeddings_and_output_weights=False,
+                 pre_process=None, post_process=None):
         super().__init__()
         if padded_vocab_size < vocab_size:
             raise ValueError(f"padded vocabulary {padded_vocab_size} smaller than vocabulary {vocab_size}")
+        pp_size, pp_rank = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
+        self.pre_process = pp_rank == 0 if pre_process is None else pre_process
+        self.post_process = pp_rank == pp_size - 1 if post_process is None else post_process
         self.config = config
         self.vocab_size = vocab_size
         self.padded_vocab_size = padded_vocab_size
         h, std = config.hidden_size, config.init_method_std
-        self.word_embeddings = VocabParallelEmbedding(padded_vocab_size, h, std, real_vocab_size=vocab_size)
-        self.position_embeddings = PositionEmbedding(config.max_position_embeddings, h, std)
-        self.embedding_dropout = Dropout(config.hidden_dropout)
-        self.layers = nn.CellList([ParallelTransformerLayer(config) for _ in range(config.num_layers)])
-        self.final_layernorm = LayerNorm((h,), epsilon=config.layernorm_epsilon)
         self.untied = untie_embeddings_and_output_weights
-        self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
-                                                  drawn_rows=vocab_size) if self.untied else None)
-        self.logits_matmul = ops.MatMul(transpose_b=True)
+        self.input_tensor = None
+        if self.pre_process or (self.post_process and not self.untied):
+            self.word_embeddings = VocabParallelEmbedding(padded_vocab_size, h, std, real_vocab_size=vocab_size)
+            if not self.untied and pp_size > 1:
+                # Held by the first and the last stage: gradients summed over the embedding group;
+                # the last stage's copy is not counted again in the gradient norm.
+                self.word_embeddings.weight.pipeline_shared = True
+                self.word_embeddings.weight.pipeline_shared_copy = not self.pre_process
+        if self.pre_process:
+            self.position_embeddings = PositionEmbedding(config.max_position_embeddings, h, std)
+            self.embedding_dropout = Dropout(config.hidden_dropout)
+        layers = stage_layer_range(config.num_layers, pp_size, pp_rank)
+        # Keyed by global index: parameter `layers.5.mlp...` has the same name at every PP size.
+        self.layers = nn.SequentialCell(OrderedDict((str(i), ParallelTransformerLayer(config)) for i in layers))
+        if self.post_process:
+            self.final_layernorm = LayerNorm((h,), epsilon=config.layernorm_epsilon)
+            self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
+                                                      drawn_rows=vocab_size) if self.untied else None)
+            self.logits_matmul = ops.MatMul(transpose_b=True)
         self.tp = get_tensor_model_parallel_world_size()
-        if self.tp > 1:
+        if self.tp > 1 and self.post_process:
             # Logits stay split over the vocabulary: the loss never needs them whole.
             self.copy_to_region = CopyToTensorParallelRegion()
             self.gather_from_region = GatherFromTensorParallelRegion()
-            self.cross_entropy = VocabParallelCrossEntropy(self.word_embeddings.vocab_start,
-                                                           padded_vocab_size // self.tp, vocab_size)
+            rows = padded_vocab_size // self.tp          # this rank's vocabulary rows
+            self.cross_entropy = VocabParallelCrossEntropy(get_tensor_model_parallel_rank() * rows, rows, vocab_size)
+
+    def set_input_tensor(self, input_tensor):
+        """Megatron's contract: the input `[b, s, h]` of this (not first) stage's next forward (the
+        pipeline schedule calls it inside the traced stage graph, see pipeline_schedules.py)."""
+        self.input_tensor = input_tensor
 
     def output_weight(self):
         return self.output_layer.weight if self.untied else self.word_embeddings.weight
 
     def hidden_states(self, tokens, position_ids=None, attention_mask=None):
-        """Final-LayerNorm hidden states `[b, s, h]` (for heads such as classification)."""
-        if position_ids is None:
-            position_ids = graph_arange(0, tokens.shape[1])       # [s], same for each row (ops.arange
-            # runs interpreted Python inside a graph, which MindSpore then warns about)
-        x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)   # [b, s, h]
-        x = self.embedding_dropout(x)
+        """This stage's output `[b, s, h]`: after the final LayerNorm on the last stage (for heads
+        such as classification), the last layer's output on the others."""
+        if self.pre_process:
+            if position_ids is None:
+                position_ids = graph_arange(0, tokens.shape[1])       # [s], same for each row (ops.arange
+                # runs interpreted Python inside a graph, which MindSpore then warns about)
+            x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)   # [b, s, h]
+            x = self.embedding_dropout(x)
+        else:
+            x = self.input_tensor
         for layer in self.layers:
             x = layer(x, attention_mask)
-        return self.final_layernorm(x)
+        return self.final_layernorm(x) if self.post_process else x
 
     def parallel_logits(self, x):
         """`[b, s, h]` final hidden states -> `[b*s, padded / tp]` fp32: this rank's vocabulary slice
@@ -105,6 +142,8 @@ class GPTModel(nn.Cell):
 
     def construct(self, tokens, position_ids=None, attention_mask=None, labels=None):
         x = self.hidden_states(tokens, position_ids, attention_mask)
+        if not self.post_process:
+            return x
         b, s, _ = x.shape
         if labels is None:
             return self.logits(x).reshape(b, s, self.vocab_size)
@@ -115,14 +154,37 @@ class GPTModel(nn.Cell):
         return losses.reshape(b, s)
 
 
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def gpt_stages_of(name, num_layers, pp_size, tied):
+    """The pipeline stages whose checkpoint holds tensor `name` (a GPTModel parameter, or optimizer
+    state named after one) at `pp_size` stages: a layer's on the stage of its global index, the
+    embeddings on the first (and, `tied`, the word embeddings on the last too), the final LayerNorm
+    and output layer on the last; a tensor of none of them (step count, learning rate, loss
+    scaler) on every stage."""
+    layer = _LAYER.search(name)
+    if layer:
+        return [int(layer.group(1)) // (num_layers // pp_size)]
+    if "word_embeddings." in name:
+        return sorted({0, pp_size - 1}) if tied else [0]
+    if "position_embeddings." in name:
+        return [0]
+    if "final_layernorm." in name or "output_layer." in name:
+        return [pp_size - 1]
+    return list(range(pp_size))
+
+
 def lm_loss_func(loss_mask, output_tensor):
     """Megatron's loss_func: mean of the per-token losses where `loss_mask` is 1."""
     loss_mask = loss_mask.astype(output_tensor.dtype)
     return (output_tensor * loss_mask).sum() / loss_mask.sum()
 
 
-def build_gpt_model(args, vocab_size):
-    """The built-in GPT from the model flags (`vocab_size`: the tokenizer's or --vocab-size)."""
+def build_gpt_model(args, vocab_size, pre_process=None, post_process=None):
+    """The built-in GPT from the model flags (`vocab_size`: the tokenizer's or --vocab-size); this
+    rank's pipeline stage unless `pre_process`/`post_process` say otherwise."""
     padded = padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by,
                                get_tensor_model_parallel_world_size())
-    return GPTModel(TransformerConfig(args), vocab_size, padded, args.untie_embeddings_and_output_weights)
+    return GPTModel(TransformerConfig(args), vocab_size, padded, args.untie_embeddings_and_output_weights,
+                    pre_process, post_process)

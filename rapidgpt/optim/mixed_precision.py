@@ -7,8 +7,9 @@ FP32Optimizer do it.
     prepare          16-bit runs: cast to fp32 (the main parameters' gradients)
     unscale          x 1 / loss scale (when the loss is scaled)
     norm, found_inf  the global L2 norm over the whole model: every rank adds the sums of squares
-                     of the gradients it counts (its tensor-parallel shards, and each replicated
-                     parameter on one rank) over the model-parallel group. found_inf = the norm is
+                     of the gradients it counts (its tensor-parallel shards, each replicated
+                     parameter on one TP rank, the tied embeddings on the first pipeline stage
+                     only) over the model-parallel group (TP x PP). found_inf = the norm is
                      not finite, so every rank of the model-parallel group agrees on it, and the
                      data-parallel ranks do too: they hold the same averaged gradients.
     scaler.update    Megatron's loss-scale rule (rapidgpt/optim/grad_scaler.py)
@@ -38,7 +39,7 @@ from rapidgpt.optim.adamw import build_optimizer
 from rapidgpt.optim.clip_grads import clip_grads_by_global_norm, global_grad_norm
 from rapidgpt.optim.grad_scaler import build_grad_scaler
 from rapidgpt.parallel import comm
-from rapidgpt.parallel.state import get_tensor_model_parallel_group, get_tensor_model_parallel_rank
+from rapidgpt.parallel.state import get_model_parallel_group, get_tensor_model_parallel_rank
 
 MAIN_PARAMS_PREFIX = "main_params."
 
@@ -67,8 +68,9 @@ class OptimizerWrapper(nn.Cell):
         self.grad_scaler = build_grad_scaler(precision)
         self.clip_grad = clip_grad
         first = get_tensor_model_parallel_rank() == 0
-        self.in_norm = tuple(first or getattr(p, "tensor_model_parallel", False) for p in self.parameters)
-        group = get_tensor_model_parallel_group()
+        self.in_norm = tuple((first or getattr(p, "tensor_model_parallel", False))
+                             and not getattr(p, "pipeline_shared_copy", False) for p in self.parameters)
+        group = get_model_parallel_group()
         self.model_parallel_sum = comm.AllReduce(group) if comm.group_size(group) > 1 else None
 
     @classmethod

@@ -53,17 +53,41 @@ class ParallelState:
         tp_rank, dp_rank, _ = self.coordinates(rank)
         return [self.rank_of(tp_rank, dp_rank, p) for p in range(self.pipeline_model_parallel_size)]
 
+    def model_parallel_ranks(self, rank=None):
+        """The ranks holding one copy of the whole model (all TP and PP ranks of `rank`'s DP rank):
+        the gradient norm and the overflow decision are summed over them."""
+        _, dp_rank, _ = self.coordinates(rank)
+        return [self.rank_of(t, dp_rank, p) for p in range(self.pipeline_model_parallel_size)
+                for t in range(self.tensor_model_parallel_size)]
+
+    def embedding_ranks(self, rank=None):
+        """The first and last pipeline stages of `rank`'s pipeline (they both hold the tied word
+        embeddings: input on the first, output layer on the last); one rank without PP. Middle
+        stages are not members."""
+        ranks = self.pipeline_parallel_ranks(rank)
+        return sorted({ranks[0], ranks[-1]})
+
+    def pipeline_pairs(self, rank=None):
+        """(previous, next) neighbour pairs of `rank`'s stage as rank lists in stage order, None
+        at the pipeline's ends."""
+        ranks, pp_rank = self.pipeline_parallel_ranks(rank), self.coordinates(rank)[2]
+        prev = ranks[pp_rank - 1:pp_rank + 1] if pp_rank > 0 else None
+        nxt = ranks[pp_rank:pp_rank + 2] if pp_rank < len(ranks) - 1 else None
+        return prev, nxt
+
 
 _STATE = ParallelState()
 # This rank's communication groups (rapidgpt.parallel.comm.Group, None for a group of one),
 # created once by the engine from the layout above.
-_GROUPS = {"tensor": None, "data": None, "pipeline": None}
+_GROUP_NAMES = ("tensor", "data", "pipeline", "model", "embedding", "pipeline_prev", "pipeline_next")
+_GROUPS = dict.fromkeys(_GROUP_NAMES)
 
 
 def initialize_parallel_state(state, groups=None):
     global _STATE
     _STATE = state
-    _GROUPS.update(groups or {"tensor": None, "data": None, "pipeline": None})
+    _GROUPS.update(dict.fromkeys(_GROUP_NAMES))
+    _GROUPS.update(groups or {})
 
 
 def get_parallel_state():
@@ -80,6 +104,21 @@ def get_data_parallel_group():
 
 def get_pipeline_model_parallel_group():
     return _GROUPS["pipeline"]
+
+
+def get_model_parallel_group():
+    """All TP x PP ranks of this DP rank (one copy of the model)."""
+    return _GROUPS["model"]
+
+
+def get_embedding_group():
+    """The first and last pipeline stages (Megatron's embedding group); None without PP."""
+    return _GROUPS["embedding"]
+
+
+def get_pipeline_neighbour_groups():
+    """(the 2-rank group with the previous stage, with the next stage), None at the ends."""
+    return _GROUPS["pipeline_prev"], _GROUPS["pipeline_next"]
 
 
 def get_tensor_model_parallel_world_size():

@@ -48,7 +48,7 @@ class GPTPretrainer(Pretrainer):
             valid_data_path=args.valid_data_path, test_data_path=args.test_data_path)
 
     def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
-        return build_gpt_model(self.args, vocab_size(self.args)), None, None
+        return build_gpt_model(self.args, vocab_size(self.args), pre_process, post_process), None, None
 
     def run_forward_step(self, data_iterator, model):
         batch = next_batch(data_iterator)
@@ -82,7 +82,11 @@ def main(argv=None, args=None):
     engine = RapidGPTEngine(args=args)
     trainer = GPTPretrainer(engine)
     model = trainer.train()
-    if args.prompt is not None and get_tokenizer() is not None and args.max_new_tokens:
+    wants_sample = args.prompt is not None and get_tokenizer() is not None and args.max_new_tokens
+    if wants_sample and args.pipeline_model_parallel_size > 1:
+        trainer.logger.info(" no sample continuation: each pipeline stage holds part of the model "
+                            "(generation runs on a whole model, in one process)")
+    elif wants_sample:
         text = generate(model, get_tokenizer(), args.prompt, args.max_new_tokens, top_k=args.top_k,
                         top_p=args.top_p, temperature=args.temperature, seed=args.seed)
         how = f"top-k {args.top_k}, temperature {args.temperature}" if args.top_k else "greedy"

@@ -5,7 +5,7 @@ Every rank calls `save_checkpoint`; the data-parallel rank 0 of each TP/PP posit
 `mp_rank_XX` piece, rank 0 writes metadata.json (with the tokenizer files and the size and CRC-32
 of every file) and publishes. `load_checkpoint` restores model, optimizer, scheduler and RNG
 streams; a checkpoint saved at another tensor-parallel size is resharded while loading
-(rapidgpt.parallel.resharding).
+(rapidgpt.parallel.resharding), one saved at another pipeline size is read from every stage.
 """
 import errno
 import json
@@ -193,38 +193,51 @@ def _save_failed(save, iteration, error):
 class _RankCheckpoint:
     """This rank's view of the checkpoint in `path`: its state.json and, per tensor, this rank's
     piece. A checkpoint saved at another tensor-parallel size is resharded on the fly (every saved
-    TP rank's folder is read; see rapidgpt.parallel.resharding)."""
+    TP rank's folder is read; see rapidgpt.parallel.resharding); one saved at another pipeline size
+    is read from every saved stage, each tensor from the first stage that holds it (names are
+    global, and the tied embeddings' copy on the last stage equals the first stage's)."""
 
-    def __init__(self, path, tp_rank=None, tp_size=None):
+    def __init__(self, path, tp_rank=None, tp_size=None, pp_rank=None, pp_size=None):
         state = get_parallel_state()
-        pp_rank = state.coordinates()[2]
+        pp_rank = state.coordinates()[2] if pp_rank is None else pp_rank
+        pp_size = state.pipeline_model_parallel_size if pp_size is None else pp_size
         tp_rank = state.coordinates()[0] if tp_rank is None else tp_rank
         tp_size = state.tensor_model_parallel_size if tp_size is None else tp_size
         saved = read_metadata(path).get("parallel", {})
         saved_tp = saved.get("tensor_model_parallel_size", 1)
         saved_pp = saved.get("pipeline_model_parallel_size", 1)
-        if saved_pp != state.pipeline_model_parallel_size:
-            raise CheckpointError(f"checkpoint {path} was saved with --pipeline-model-parallel-size {saved_pp}; "
-                                  f"load it with that size ({state.pipeline_model_parallel_size} given)")
         self.tp_rank, self.tp_size = tp_rank, tp_size
-        self.resharded = saved_tp != self.tp_size
-        ranks = range(saved_tp) if self.resharded else [tp_rank]
-        dirs = [os.path.join(path, rank_dir_name(r, pp_rank, saved_pp)) for r in ranks]
-        self.where = (f"{path} (saved at tensor-parallel size {saved_tp}, resharded to {self.tp_size})"
-                      if self.resharded else dirs[0])
+        self.tp_resharded = saved_tp != tp_size
+        stages = [pp_rank] if saved_pp == pp_size else list(range(saved_pp))
+        ranks = range(saved_tp) if self.tp_resharded else [tp_rank]
+        changes = ([f"tensor-parallel size {saved_tp} resharded to {tp_size}"] if self.tp_resharded else []) + \
+                  ([f"pipeline size {saved_pp} read as {pp_size}"] if saved_pp != pp_size else [])
+        self.where = f"{path} (saved at {', '.join(changes)})" if changes else \
+            os.path.join(path, rank_dir_name(tp_rank, pp_rank, saved_pp))
+        self.resharded = bool(changes)          # for the log
         try:
-            self.pieces = []
-            for rank_dir in dirs:
-                found = weights_file(rank_dir)
-                if found is None:
-                    raise CheckpointError(f"checkpoint {rank_dir}: {WEIGHTS}.ckpt|.safetensors missing or empty")
-                self.pieces.append(ms.load_checkpoint(found[0], format=found[1]))
-            with open(os.path.join(dirs[0], STATE)) as f:
-                self.meta = json.load(f)
+            self.pieces, metas = [], []
+            for rank in ranks:
+                piece = {}
+                for stage in stages:
+                    rank_dir = os.path.join(path, rank_dir_name(rank, stage, saved_pp))
+                    found = weights_file(rank_dir)
+                    if found is None:
+                        raise CheckpointError(f"checkpoint {rank_dir}: {WEIGHTS}.ckpt|.safetensors missing or empty")
+                    for name, tensor in ms.load_checkpoint(found[0], format=found[1]).items():
+                        piece.setdefault(name, tensor)
+                    if rank == ranks[0]:
+                        with open(os.path.join(rank_dir, STATE)) as f:
+                            metas.append(json.load(f))
+                self.pieces.append(piece)
         except (OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"checkpoint {self.where} cannot be read: {e}") from e
-        self.layout = self.meta.get("tensor_parallel_layout", {})
-        if self.resharded and "tensor_parallel_layout" not in self.meta:
+        self.meta = dict(metas[0])
+        self.meta["model_parameters"] = [n for meta in metas for n in meta.get("model_parameters") or []]
+        self.layout = {}
+        for meta in reversed(metas):
+            self.layout.update(meta.get("tensor_parallel_layout", {}))
+        if self.tp_resharded and any("tensor_parallel_layout" not in meta for meta in metas):
             raise CheckpointError(f"checkpoint {path} does not record how its tensors are split over "
                                   f"tensor-parallel ranks (saved by an older RapidGPT); load it with "
                                   f"--tensor-model-parallel-size {saved_tp}")
@@ -244,7 +257,7 @@ class _RankCheckpoint:
 
     def value(self, name, local_shape):
         """Tensor `name` for a parameter of `local_shape` on this rank."""
-        if not self.resharded:
+        if not self.tp_resharded:
             return self.pieces[0][name]
         try:
             return ms.Tensor(split_for_rank(name, self.full(name), self.layout.get(name), local_shape,
@@ -282,7 +295,7 @@ def gathered_tensors(path):
     """{name: numpy array} of every tensor of the checkpoint in `path` (`latest` under a --save
     folder, or an iter_* directory) as a single process would hold it: the tensor-parallel pieces
     merged; vocabulary-padded tensors keep the padding they were saved with."""
-    checkpoint = _RankCheckpoint(find_checkpoint(path), tp_rank=0, tp_size=1)
+    checkpoint = _RankCheckpoint(find_checkpoint(path), tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
     return {name: checkpoint.full(name) for name in checkpoint.names()}
 
 

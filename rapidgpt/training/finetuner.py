@@ -156,6 +156,12 @@ class Finetuner(Trainer):
     def train(self):
         self.check_hooks()
         args = self.args
+        if args.pipeline_model_parallel_size > 1:
+            # Finetuning batches are collated by the user and evaluated with user metrics on every
+            # rank; pipeline stages would need both split by stage: use a Pretrainer for PP.
+            raise ArgumentError(f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}: the "
+                                f"Finetuner runs without pipeline stages; use tensor/data parallelism, or a "
+                                f"Pretrainer (its run_forward_step and datasets) for pipeline parallelism")
         self.timers("train/valid/test-data-iterators-setup").start()
         train_ds, valid_ds, test_ds, collate_fn = check_returned(
             self.train_valid_test_datasets_provider(), "train_valid_test_datasets_provider",

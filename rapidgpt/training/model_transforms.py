@@ -1,4 +1,5 @@
-"""The one place a model is transformed for a run: precision, then activation recompute.
+"""The one place a model is transformed for a run: precision, activation recompute, and (pipeline
+stages) one compiled graph per layer.
 
 The trainers (`Trainer.build_model`) and `RapidGPTEngine.compose` call `prepare_model` once, after
 the seeded initialisation and before anything is compiled.
@@ -25,14 +26,18 @@ from rapidgpt.models.transformer import CoreAttention
 _HALF = {"float16": ms.float16, "bfloat16": ms.bfloat16}
 
 
-def prepare_model(model, precision, recompute, logger=None, jit=True):
+def prepare_model(model, precision, recompute, logger=None, jit=True, compile_layers=False):
     """Transform `model` in place for `precision` (a PrecisionConfig) and `recompute` (a
-    RecomputeConfig); with a `logger`, say what was done in one start-up line (and warn where
+    RecomputeConfig), and with `compile_layers` (pipeline stages, which run their forward in
+    PyNative: rapidgpt/training/pipeline_schedules.py) give each layer of its `layers` lists its own
+    compiled graph; with a `logger`, say what was done in one start-up line (and warn where
     recompute cannot save memory)."""
     if precision.half:
         cast_to_half(model, _HALF[precision.params_dtype])
     if recompute.granularity is not None:
         apply_recompute(model, recompute)
+    if compile_layers:
+        compile_pipeline_stage(model)
     if logger is not None and (precision.half or recompute.granularity):
         logger.info(f" > precision: {precision.describe()} | activation recompute: {recompute.describe()}")
         if recompute.granularity and jit and ms.get_context("device_target") == "CPU":
@@ -67,6 +72,15 @@ def cast_to_half(model, dtype):
         if _is_rapidgpt_cell(cell) or cell.name_cells():
             continue            # RapidGPT's own rules; a container's leaves are treated one by one
         cell.to_float(ms.float32 if isinstance(cell, keep_fp32) else dtype)
+
+
+def compile_pipeline_stage(model):
+    """For a pipeline stage, whose forward runs in PyNative with autograd recording
+    (rapidgpt/training/pipeline_schedules.py): each layer of its `layers` lists becomes one compiled
+    graph, the bulk of the stage's work."""
+    for layers in layer_lists(model):
+        for layer in layers:
+            layer.construct = ms.jit(layer.construct)
 
 
 def layer_lists(model):

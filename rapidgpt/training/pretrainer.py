@@ -94,7 +94,7 @@ class Pretrainer(Trainer):
         def forward(micro_batch):
             return self.run_forward_step(micro_batch, model)
 
-        self._eval_step = self.eval_step(forward)
+        self._eval_step = self.eval_step(forward, model)
         iteration, consumed = self.load_checkpoint_if_asked()
         self.log_setup_times()
         # Evaluations before `iteration` consumed these validation samples (Megatron's count).

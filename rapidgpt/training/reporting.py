@@ -111,7 +111,8 @@ class Reporter:
                 self.args.global_batch_size, averages, step.loss_scale, self.grad_norm if self.advanced else None,
                 self.skipped, self.nan, units / max(per_iter, 1e-9), self.unit))
             if self.args.timing_log_level >= 1:         # a collective: every rank logs here
-                timing = self.timers.log(["batch-generator", "forward-backward-optimizer", "evaluate"],
+                timing = self.timers.log(["batch-generator", "forward-backward-optimizer", "evaluate",
+                                          "forward-compute", "backward-compute", "pipeline-p2p"],
                                          normalizer=self.iters)
                 if timing:
                     self.logger.info(timing)

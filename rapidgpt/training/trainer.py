@@ -9,6 +9,7 @@ scheduler by the global batch, report (Megatron log line, tqdm, TensorBoard), an
 import inspect
 import time
 
+import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
@@ -18,13 +19,15 @@ from rapidgpt.optim.mixed_precision import wrap_optimizer
 from rapidgpt.parallel.comm import AllGather, sum_over_ranks
 from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
-from rapidgpt.parallel.state import get_data_parallel_group, get_parallel_state
+from rapidgpt.parallel.state import (get_data_parallel_group, get_parallel_state, is_pipeline_first_stage,
+                                     is_pipeline_last_stage)
 from rapidgpt.training.checkpoint_files import start_checkpoint
 from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_pretrained_weights,
                                              save_checkpoint)
 from rapidgpt.training.hook_contract import HookContractError, check_returned
 from rapidgpt.training.model_transforms import prepare_model
 from rapidgpt.training.reporting import Reporter
+from rapidgpt.training.pipeline_schedules import PipelineEvalStep, PipelineTrainStep
 from rapidgpt.training.step import EvalStep, TrainStep
 
 
@@ -84,15 +87,25 @@ class Trainer:
         compiled), transformed for the run's precision and recompute, and Megatron's
         parameter-count line; its optimizer and scheduler as returned."""
         self.timers("model-and-optimizer-setup").start()
+        pipelined = get_parallel_state().pipeline_model_parallel_size > 1
+        if pipelined:           # Megatron's model_provider(pre_process, post_process) contract
+            provider_kwargs = dict(provider_kwargs, pre_process=is_pipeline_first_stage(),
+                                   post_process=is_pipeline_last_stage())
         model, optimizer, scheduler = check_returned(
             self.model_optimizer_lr_scheduler_provider(**provider_kwargs), "model_optimizer_lr_scheduler_provider",
             ("model", "optimizer or None", "lr_scheduler or None"))
         if not isinstance(model, nn.Cell):
             raise HookContractError(f"model_optimizer_lr_scheduler_provider returned a {type(model).__name__} "
                                     f"as the model; it must be a mindspore.nn.Cell")
+        if pipelined and not hasattr(model, "set_input_tensor"):
+            raise HookContractError(
+                f"--pipeline-model-parallel-size: the {type(model).__name__} from model_optimizer_lr_scheduler_provider "
+                f"cannot be split into pipeline stages; build only the stage given by pre_process/post_process "
+                f"and give the model Megatron's set_input_tensor (rapidgpt.models.GPTModel does both)")
         check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
-        prepare_model(model, self.args.precision, self.args.recompute, self.logger, self.args.jit)
+        prepare_model(model, self.args.precision, self.args.recompute, self.logger, self.args.jit,
+                      compile_layers=pipelined and self.args.jit)
         tp_rank, _, pp_rank = get_parallel_state().coordinates()
         count = sum(int(np.prod(p.shape)) for p in model.get_parameters())
         self.logger.info(f" > number of parameters on (tensor, pipeline) model parallel rank "
@@ -178,7 +191,11 @@ class Trainer:
         args, timers = self.args, self.timers
         n, gbs = args.num_micro_batches, args.global_batch_size
         units_per_iteration = gbs * (args.seq_length if self.throughput_unit == "tokens" else 1)
-        step = TrainStep(forward, optimizer, n, args.precision.accumulate_allreduce_grads_in_fp32, jit=args.jit)
+        in_fp32 = args.precision.accumulate_allreduce_grads_in_fp32
+        if args.pipeline_model_parallel_size > 1:
+            step = PipelineTrainStep(forward, model, optimizer, n, self.activation_shape(), in_fp32, jit=args.jit)
+        else:
+            step = TrainStep(forward, optimizer, n, in_fp32, jit=args.jit)
         reporter = Reporter(args, train_iters, start_iteration, self.throughput_unit)
         model.set_train(True)
         started, iteration, saved = time.time(), start_iteration, True
@@ -230,9 +247,17 @@ class Trainer:
             model.set_train(True)
             self.timers("evaluate", log_level=1).stop()
 
-    def eval_step(self, forward):
-        """A compiled forward-only `micro_batch -> loss` over this trainer's forward hook."""
+    def eval_step(self, forward, model=None):
+        """A compiled forward-only `micro_batch -> loss` over this trainer's forward hook (the
+        `model` it runs is needed with pipeline stages)."""
+        if self.args.pipeline_model_parallel_size > 1:
+            return PipelineEvalStep(forward, model, self.activation_shape(),
+                                    getattr(ms, self.args.precision.params_dtype))
         return EvalStep(forward, jit=self.args.jit)
+
+    def activation_shape(self):
+        """What pipeline stages send each other: `[micro batch, seq length, hidden size]`."""
+        return (self.args.micro_batch_size, self.args.seq_length, self.args.hidden_size)
 
     def gather(self, values):
         """Metric values `[n, ...]` from every data-parallel rank, concatenated in DP-rank order

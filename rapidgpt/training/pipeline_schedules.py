@@ -1,0 +1,232 @@
+"""Pipeline-parallel steps: Megatron's 1F1B schedule (training) and forward-only (evaluation),
+run by the host, then the same compiled optimizer wrapper as without pipelining.
+
+How a stage's micro-batch is differentiated (measured with MindSpore 2.10). 1F1B runs the OLDEST
+pending micro-batch's backward first, while later micro-batches' forwards are still pending;
+MindSpore's public ways do not fit: pending `mindspore.vjp` closures can only be run newest first
+("Can not find top cell for backward"), and a backward graph (`GradOperation` with an output
+gradient) recomputes the forward. So the forward runs in PyNative with autograd recording on
+(`_pynative_executor.set_grad_flag(True)`: each output keeps what its backward needs) and each
+backward is started from its micro-batch's output by MindSpore's autograd engine
+(`mindspore._c_expression.run_backward`, the engine behind its PyTorch-style autograd), in any
+order, seeded with the output gradient received from the next stage. Both are internal APIs,
+used only in `_recorded` and `_backward` below.
+
+What is compiled: each transformer layer of the stage is its own `mindspore.jit` graph
+(`compile_layers` in rapidgpt/training/model_transforms.py), the rest of the stage (embeddings, the
+loss, the user's forward hook) runs in PyNative, and the optimizer wrapper is one compiled graph.
+Why: a whole-stage graph cannot see Megatron's `set_input_tensor` (a Python attribute; the AST
+capture drops assignments inside graphs, and a traced capture returned its gradients in the wrong
+order), while a layer's graph keeps its forward's activations for its backward (each forward runs
+once, counted in tests/test_pipeline.py). A whole 1F1B step cannot be one graph: its
+point-to-point exchanges must interleave with the neighbours' in the schedule's order.
+"""
+import contextlib
+
+import mindspore as ms
+from mindspore import Tensor, ops
+from mindspore._c_expression import run_backward
+from mindspore.graph.api import _pynative_executor
+
+from rapidgpt.global_vars import get_timers
+from rapidgpt.parallel import comm
+from rapidgpt.parallel.data_parallel import GradientSummer
+from rapidgpt.parallel.pipeline import StageLinks, forward_only, one_f_one_b
+from rapidgpt.parallel.random import micro_batch_key, set_dropout_key
+from rapidgpt.parallel.state import (get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size,
+                                     get_embedding_group, get_pipeline_model_parallel_group,
+                                     get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
+                                     get_pipeline_neighbour_groups)
+from rapidgpt.training.schedules import loss_of, select_micro_batch
+from rapidgpt.training.step import StepResult
+
+
+# --timing-log-level 2: Megatron's compute timers, and the time in point-to-point exchanges
+# (waiting for the neighbour included: the pipeline bubble, benchmarks/bench_parallel.py).
+TIMER_OF = {"forward": "forward-compute", "backward": "backward-compute"}
+
+
+def stage_output(output):
+    """What a stage that is not the last sends on: the forward hook's output (Megatron's
+    `(output, loss_fn)`: the loss function is only called on the last stage)."""
+    return output[0] if isinstance(output, tuple) else output
+
+
+@contextlib.contextmanager
+def _recorded():
+    """PyNative autograd recording on: each output keeps the graph its backward needs."""
+    previous = _pynative_executor.grad_flag()
+    _pynative_executor.set_grad_flag(True)
+    try:
+        yield
+    finally:
+        _pynative_executor.set_grad_flag(previous)
+
+
+def _backward(output, output_grad, inputs):
+    """Gradients of `output` (seeded with `output_grad`) with respect to `inputs` (tensors or
+    Parameters), nothing accumulated anywhere; zeros for an input the output does not reach."""
+    grads = run_backward((output,), (output_grad,), False, False, tuple(inputs), True, accumulate_grad=False)
+    return tuple(ops.zeros_like(x) if g is None else g for g, x in zip(grads, inputs))
+
+
+class StageForward:
+    """One micro-batch through this stage: the forward hook's output, or on the last stage its loss
+    in fp32. `input_tensor` (stages after the first) reaches the model through set_input_tensor."""
+
+    def __init__(self, forward, model, last):
+        self.forward, self.model, self.last = forward, model, last
+
+    def __call__(self, micro_batch, input_tensor=None):
+        if input_tensor is not None:
+            self.model.set_input_tensor(input_tensor)
+        output = self.forward(micro_batch)
+        if self.last:
+            return ops.cast(loss_of(output), ms.float32)
+        return stage_output(output)
+
+
+class ForwardBackwardPipelining:
+    """Megatron's forward_backward_pipelining_without_interleaving for this rank's stage.
+
+    `schedule(stacked, iteration, loss_scale) -> (mean loss of the step, grads)` on every stage (the
+    last stage's loss), grads in `params` order, summed over the micro-batches (each micro-batch's
+    loss multiplied by loss_scale / (m * dp), as without pipelining), then over the data-parallel
+    ranks and, for the tied word embeddings, over the embedding group (first + last stage).
+    """
+
+    def __init__(self, forward, model, params, num_micro_batches, activation_shape, activation_dtype,
+                 accumulate_in_fp32=True):
+        self.pp_size, self.stage = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
+        self.first, self.last = self.stage == 0, self.stage == self.pp_size - 1
+        self.params = tuple(params)
+        self.m = num_micro_batches
+        self.run_forward = StageForward(forward, model, self.last)
+        self.links = StageLinks(*get_pipeline_neighbour_groups(), activation_shape, activation_dtype)
+        self.cast_to_fp32 = accumulate_in_fp32 and any(p.dtype != ms.float32 for p in self.params)
+        self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
+        self.sum_over_dp = GradientSummer(self.params, get_data_parallel_group())
+        self.dp_sum = comm.AllReduce(get_data_parallel_group())
+        self.shared = [i for i, p in enumerate(self.params) if getattr(p, "pipeline_shared", False)]
+        self.embedding_sum = comm.AllReduce(get_embedding_group()) if self.shared else None
+        self.pipeline_sum = comm.AllReduce(get_pipeline_model_parallel_group())
+        self.timers = get_timers()
+
+    def __call__(self, stacked, iteration, loss_scale):
+        m, dp = self.m, self.dp_size
+        multiplier = Tensor(loss_scale / (m * dp), ms.float32)
+        keys = [micro_batch_key(iteration, i * dp + self.dp_rank) for i in range(m)]
+        batches = [select_micro_batch(stacked, i) for i in range(m)]
+        inputs, outputs, output_grads, input_grads = {}, {}, {}, {}
+        grads, total = None, None
+
+        def forward_step(i):
+            nonlocal total
+            set_dropout_key(keys[i])
+            with _recorded():
+                if self.first:
+                    output = self.run_forward(batches[i])
+                else:
+                    inputs[i].requires_grad_()
+                    output = self.run_forward(batches[i], inputs[i])
+                if self.last:
+                    total = output if total is None else total + output
+                    output = output * multiplier
+            outputs[i] = output             # held (with what its backward needs) until its backward
+
+        def backward_step(j):
+            nonlocal grads
+            set_dropout_key(keys[j])        # as in its forward, should the backward read it
+            output = outputs.pop(j)
+            seed = ops.ones_like(output) if self.last else output_grads.pop(j)
+            wrt = self.params if self.first else self.params + (inputs.pop(j),)
+            micro_grads = _backward(output, seed, wrt)
+            if not self.first:
+                input_grads[j], micro_grads = micro_grads[-1], micro_grads[:-1]
+            if self.cast_to_fp32:
+                micro_grads = tuple(ops.cast(g, ms.float32) for g in micro_grads)
+            grads = micro_grads if grads is None else tuple(a + b for a, b in zip(grads, micro_grads))
+
+        for kind, index in one_f_one_b(self.pp_size, self.stage, m):
+            timer = self.timers(TIMER_OF.get(kind, "pipeline-p2p"), log_level=2)
+            timer.start()
+            if kind == "recv_forward":
+                inputs[index] = self.links.recv_forward()
+            elif kind == "forward":
+                forward_step(index)
+            elif kind == "send_forward":
+                self.links.send_forward(ops.stop_gradient(outputs[index]))
+            elif kind == "send_forward_recv_backward":
+                sent, received = index
+                output_grads[received] = self.links.send_forward_recv_backward(ops.stop_gradient(outputs[sent]))
+            elif kind == "recv_backward":
+                output_grads[index] = self.links.recv_backward()
+            elif kind == "backward":
+                backward_step(index)
+            elif kind == "send_backward":
+                self.links.send_backward(input_grads.pop(index))
+            else:                           # send_backward_recv_forward
+                sent, received = index
+                inputs[received] = self.links.send_backward_recv_forward(input_grads.pop(sent))
+            if self.timers.measuring(2):    # count asynchronous work in the action that queued it
+                ms.runtime.synchronize()
+            timer.stop()
+        grads = self._finalize(grads)
+        loss = total / m if self.last else ops.zeros((), ms.float32)
+        if dp > 1:
+            loss = self.dp_sum(loss) / dp
+        return self.pipeline_sum(loss), grads      # every stage gets the last stage's loss
+
+    def _finalize(self, grads):
+        """Megatron's finalize_model_grads: the DP sum, then the tied embeddings' over the
+        embedding group (both copies then hold the same gradient)."""
+        grads = self.sum_over_dp(grads) if self.dp_size > 1 else grads
+        if self.embedding_sum is not None:
+            grads = list(grads)
+            for i in self.shared:
+                grads[i] = self.embedding_sum(grads[i])
+            grads = tuple(grads)
+        return grads
+
+
+class PipelineTrainStep:
+    """`step(stacked, lr, iteration) -> StepResult` with pipeline parallelism: the 1F1B schedule,
+    then the compiled optimizer wrapper (norm and overflow over TP x PP)."""
+
+    def __init__(self, forward, model, optimizer, num_micro_batches, activation_shape, accumulate_in_fp32=True,
+                 jit=True):
+        dtype = optimizer.parameters[0].dtype
+        self.schedule = ForwardBackwardPipelining(forward, model, optimizer.parameters, num_micro_batches,
+                                                  activation_shape, dtype, accumulate_in_fp32)
+        self.optimizer = optimizer
+        self._update = ms.jit(optimizer.construct) if jit else optimizer
+
+    def __call__(self, stacked, lr, iteration):
+        scale = float(self.optimizer.loss_scale())
+        loss, grads = self.schedule(stacked, Tensor(iteration, ms.uint32), scale)
+        # mutable: a tuple argument is otherwise compiled as a constant, once per step.
+        updated, norm, scale = self._update(ms.mutable(grads), Tensor(lr, ms.float32))
+        return StepResult(float(loss), float(norm), bool(updated), float(scale))
+
+
+class PipelineEvalStep:
+    """`step(micro_batch) -> loss` on every stage: forward only, the loss computed on the last stage."""
+
+    def __init__(self, forward, model, activation_shape, dtype):
+        pp_size, stage = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
+        self.first, self.last = stage == 0, stage == pp_size - 1
+        self.run_forward = StageForward(forward, model, self.last)
+        self.links = StageLinks(*get_pipeline_neighbour_groups(), activation_shape, dtype)
+        self.pipeline_sum = comm.AllReduce(get_pipeline_model_parallel_group())
+        self.actions = forward_only(pp_size, stage, 1)
+
+    def __call__(self, micro_batch):
+        received, output = None, None
+        for kind, _ in self.actions:
+            if kind == "recv_forward":
+                received = self.links.recv_forward()
+            elif kind == "forward":
+                output = self.run_forward(micro_batch) if self.first else self.run_forward(micro_batch, received)
+            else:
+                self.links.send_forward(output)
+        return float(self.pipeline_sum(output if self.last else ops.zeros((), ms.float32)))

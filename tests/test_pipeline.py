@@ -1,0 +1,242 @@
+"""Pipeline parallelism: the 1F1B order (simulated for every stage, no processes); the autograd
+mechanism the executor relies on (held backwards run oldest first, no forward recomputed); then the
+tiny 4-layer GPT trained with PP=2, PP=4 and PP=2 x DP=2 under msrun against one process (dropout
+on: losses, grad norms, validation losses and final weights), with one micro-batch per step
+(m = 1 < P), in fp16, with recompute; checkpoints moving between PP=2 and one process."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Parameter, Tensor, nn, ops
+
+from rapidgpt.config.precision import PrecisionConfig
+from rapidgpt.config.recompute import RecomputeConfig
+from rapidgpt.parallel.pipeline import forward_only, one_f_one_b, stage_layer_range
+from rapidgpt.training.checkpointing import gathered_tensors
+from rapidgpt.training.model_transforms import prepare_model
+from rapidgpt.training.pipeline_schedules import StageForward, _backward, _recorded
+from test_parallel import (FP16, REPO, SCALES, TINY, assert_same_run, assert_same_weights, checkpoint_of,  # noqa: F401
+                           env, msrun, single, skipped, values)                 # (env: a fixture)
+
+UP = {"recv_forward": "F", "send_backward": "B", "send_backward_recv_forward": "FB"}
+DOWN = {"send_forward": "F", "recv_backward": "B", "send_forward_recv_backward": "FB"}
+
+
+def link_calls(actions, kinds):
+    return [kinds[kind] for kind, _ in actions if kind in kinds]
+
+
+@pytest.mark.parametrize("pp_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7])
+def test_one_f_one_b_order(pp_size, m):
+    plans = [one_f_one_b(pp_size, stage, m) for stage in range(pp_size)]
+    for stage, actions in enumerate(plans):
+        forwards = [i for kind, i in actions if kind == "forward"]
+        backwards = [i for kind, i in actions if kind == "backward"]
+        assert forwards == list(range(m)) and backwards == list(range(m))      # each once, in order
+        held, most = set(), 0
+        for kind, i in actions:
+            if kind == "forward":
+                held.add(i)
+                most = max(most, len(held))
+            elif kind == "backward":
+                assert i in held                    # a backward follows its own forward
+                held.remove(i)
+        assert most == min(pp_size - stage, m)      # Megatron's bound, reached
+        warmup = next(k for k, (kind, _) in enumerate([a for a in actions if a[0] in ("forward", "backward")])
+                      if kind == "backward")
+        assert warmup == min(pp_size - stage - 1, m) + (1 if m > pp_size - stage - 1 else 0)
+        if stage == 0:
+            assert not link_calls(actions, UP)
+        if stage == pp_size - 1:
+            assert not link_calls(actions, DOWN)
+    for stage in range(pp_size - 1):
+        # Neighbours make the same exchanges in the same order on their shared link: no deadlock.
+        assert link_calls(plans[stage], DOWN) == link_calls(plans[stage + 1], UP)
+
+
+def test_forward_only_order():
+    assert forward_only(3, 1, 2) == [("recv_forward", 0), ("forward", 0), ("send_forward", 0),
+                                     ("recv_forward", 1), ("forward", 1), ("send_forward", 1)]
+    assert forward_only(2, 0, 1) == [("forward", 0), ("send_forward", 0)]
+
+
+def test_stage_layer_range():
+    assert list(stage_layer_range(8, 4, 2)) == [4, 5]
+    assert list(stage_layer_range(4, 1, 0)) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="--num-layers 6 is not divisible by --pipeline-model-parallel-size 4"):
+        stage_layer_range(6, 4, 0)
+
+
+FOUR_LAYERS = [("4" if a == "2" and TINY[k - 1] == "--num-layers" else a) for k, a in enumerate(TINY)]
+PP2 = ("--pipeline-model-parallel-size", "2")
+
+
+@pytest.fixture(scope="module")
+def pipeline_runs(env, tmp_path_factory):
+    """`pipeline_runs(nproc, *flags)`: the 4-layer tiny run, saving every 6 iterations, once per
+    module -> (its printed values, its --save folder, its log)."""
+    done = {}
+
+    def run(nproc, *flags):
+        if (nproc,) + flags not in done:
+            folder = tmp_path_factory.mktemp(f"pp_{nproc}")
+            args = FOUR_LAYERS + ["--save", str(folder / "ckpt"), "--save-interval", "6"] + list(flags)
+            if nproc == 1:
+                status, log = single(args, env)
+            else:
+                status, log = msrun(nproc, ["rapidgpt/cli.py"] + args, folder / "logs", env)
+            assert status == 0, log[-3000:]
+            done[(nproc,) + flags] = values(log), folder / "ckpt", log
+        return done[(nproc,) + flags]
+    return run
+
+
+@pytest.mark.parametrize("nproc, layout", [(2, PP2), (4, ("--pipeline-model-parallel-size", "4")), (4, PP2)],
+                         ids=["pp2", "pp4", "pp2xdp2"])
+def test_pipeline_reproduces_one_process(pipeline_runs, nproc, layout):
+    found, save, _ = pipeline_runs(nproc, *layout)
+    reference, single_save, _ = pipeline_runs(1)
+    assert len(reference) == 2 * 12 + 3
+    assert_same_run(found, reference)
+    vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
+    assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
+
+
+def test_one_micro_batch_fewer_than_stages(pipeline_runs):
+    one = ("--global-batch-size", "2")
+    assert_same_run(pipeline_runs(2, *PP2, *one)[0], pipeline_runs(1, *one)[0])
+
+
+def test_fp16_pipeline_follows_the_single_process_fp16_run(pipeline_runs):
+    found, _, log = pipeline_runs(2, *PP2, *FP16)
+    reference, _, reference_log = pipeline_runs(1, *FP16)
+    assert 0 < len(skipped(reference_log)) < 12 and skipped(log) == skipped(reference_log)
+    assert SCALES.findall(log) == SCALES.findall(reference_log)
+    assert [name for name, _ in found] == [name for name, _ in reference]
+    for (name, ours), (_, expected) in zip(found, reference):
+        if name != "grad norm":
+            assert ours == pytest.approx(expected, rel=5e-3), (name, ours, expected)
+
+
+def test_selective_recompute_in_a_pipeline_prints_exactly_the_run_without_it(pipeline_runs):
+    assert pipeline_runs(2, *PP2, "--recompute-activations")[0] == pipeline_runs(2, *PP2)[0]
+
+
+def test_pipeline_checkpoint_resumes_and_evaluates_in_one_process(pipeline_runs, env, tmp_path):
+    found, save, _ = pipeline_runs(2, *PP2)
+    reference, _, _ = pipeline_runs(1)
+    status, log = single(FOUR_LAYERS + ["--load", checkpoint_of(save, 6, tmp_path / "six")], env)
+    assert status == 0, log[-3000:]
+    assert "saved at pipeline size 2 read as 1" in log
+    assert_same_run(values(log), reference[13:])       # iterations 7..12 and the last two validations
+    status, log = single(FOUR_LAYERS + ["--load", str(save), "--skip-train"], env)
+    assert status == 0, log[-3000:]
+    assert_same_run(values(log), found[-1:])           # the PP=2 run's final validation loss
+    status, log = single(["--task", "text_generation", "--load", str(save), "--prompt", "The assert statement",
+                          "--max-new-tokens", "4"], env)
+    assert status == 0 and "continuation:" in log, log[-3000:]
+
+
+def test_convert_checkpoint_changes_the_pipeline_size(pipeline_runs, env, tmp_path):
+    found, save, _ = pipeline_runs(2, *PP2)
+    tool = [sys.executable, "data_tools/convert_checkpoint.py"]
+    one = subprocess.run(tool + ["--load", str(save), "--save", str(tmp_path / "pp1"), "--target-pipeline-parallel-size",
+                                 "1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0 and "pipeline size 2 -> 1" in one.stdout, one.stderr[-2000:]
+    assert "mp_rank_00" in os.listdir(tmp_path / "pp1" / "iter_0000012")
+    status, log = single(FOUR_LAYERS + ["--load", str(tmp_path / "pp1"), "--skip-train"], env)
+    assert status == 0 and "resharded" not in log, log[-3000:]
+    assert_same_run(values(log), found[-1:])
+    back = subprocess.run(tool + ["--load", str(tmp_path / "pp1"), "--save", str(tmp_path / "pp2"),
+                                  "--target-pipeline-parallel-size", "2"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert back.returncode == 0, back.stderr[-2000:]
+    for stage in ("mp_rank_00_000", "mp_rank_00_001"):          # PP 2 -> 1 -> 2: the same tensors
+        original = ms.load_checkpoint(str(save / "iter_0000012" / stage / "model_optim_rng.ckpt"))
+        again = ms.load_checkpoint(str(tmp_path / "pp2" / "iter_0000012" / stage / "model_optim_rng.ckpt"))
+        assert sorted(original) == sorted(again)
+        for name, value in original.items():
+            np.testing.assert_array_equal(again[name].asnumpy(), value.asnumpy(), err_msg=name)
+
+
+def test_single_process_checkpoint_resumes_in_a_pipeline(pipeline_runs, env, tmp_path):
+    _, save, _ = pipeline_runs(1)
+    reference, _, _ = pipeline_runs(1)
+    status, log = msrun(2, ["rapidgpt/cli.py"] + FOUR_LAYERS + ["--load", checkpoint_of(save, 6, tmp_path / "load"),
+                                                                *PP2], tmp_path / "logs", env)
+    assert status == 0, log[-3000:]
+    assert_same_run(values(log), reference[13:])
+
+
+def test_pipeline_flags_are_checked(env):
+    status, log = single(FOUR_LAYERS + ["--pipeline-model-parallel-size", "3", "--nproc-per-node", "3"], env)
+    assert status != 0 and "--num-layers 4 cannot be split into 3 equal stages" in log, log[-2000:]
+    status, log = single(FOUR_LAYERS + ["--num-layers-per-virtual-pipeline-stage", "1"], env)
+    assert status != 0 and "--num-layers-per-virtual-pipeline-stage: not in this build" in log, log[-2000:]
+    for refused in (["--tensor-model-parallel-size", "2"], ["--checkpoint-activations"]):
+        status, log = single(FOUR_LAYERS + [*PP2, "--nproc-per-node", "4", *refused], env)
+        assert status != 0 and "not in this build" in log, log[-2000:]
+
+
+class _CountingLayer(nn.Cell):
+    """tanh(x W): counts how often its compiled forward runs (a graph-side counter)."""
+
+    def __init__(self, seed, counter):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.random.default_rng(seed).standard_normal((8, 8)).astype(np.float32) * 0.4))
+        self.counter = counter
+
+    def construct(self, x):
+        ops.assign_add(self.counter, Tensor(1, ms.int32))
+        return ops.tanh(ops.matmul(x, self.weight))
+
+
+class _Stage(nn.Cell):
+    def __init__(self, counter):
+        super().__init__()
+        self.layers = nn.CellList([_CountingLayer(seed, counter) for seed in range(3)])
+        self.input_tensor = None
+
+    def set_input_tensor(self, tensor):
+        self.input_tensor = tensor
+
+    def construct(self, scale):
+        x = self.input_tensor
+        for layer in self.layers:
+            x = layer(x)
+        return x * scale
+
+
+def test_held_backwards_run_oldest_first_without_recomputing():
+    """The mechanism the 1F1B executor relies on: forwards recorded with compiled layers, then their
+    backwards run oldest first (FIFO), each giving its own micro-batch's gradients, and no layer's
+    forward runs again in a backward."""
+    counter = Parameter(Tensor(0, ms.int32), name="forward_count", requires_grad=False)
+    stage = _Stage(counter)
+    prepare_model(stage, PrecisionConfig(), RecomputeConfig(), compile_layers=True)
+    params = tuple(stage.trainable_params())
+    rng = np.random.default_rng(7)
+    micro_batches = [(rng.standard_normal((2, 8)).astype(np.float32), float(k + 1)) for k in range(3)]
+    held = []
+    for x, scale in micro_batches:                 # all forwards first: three pending backwards
+        inputs = Tensor(x)
+        inputs.requires_grad_()
+        with _recorded():
+            output = StageForward(lambda s: stage(Tensor(np.float32(s))), stage, last=False)(scale, inputs)
+        held.append((x, scale, inputs, output))
+    assert int(counter.asnumpy()) == 3 * 3
+    for x, scale, inputs, output in held:          # oldest first, as 1F1B does
+        seed = Tensor(np.ones((2, 8), np.float32))
+        grads = _backward(output, seed, params + (inputs,))
+        stage.set_input_tensor(Tensor(x))
+        expected = ms.grad(lambda s: (stage(s) * seed).sum(), grad_position=None, weights=params)(Tensor(np.float32(scale)))
+        for ours, reference in zip(grads[:-1], expected):
+            np.testing.assert_allclose(ours.asnumpy(), reference.asnumpy(), rtol=1e-5, atol=1e-6)
+        assert grads[-1].shape == (2, 8)
+    assert int(counter.asnumpy()) == 3 * 3 + 3 * 3     # only the 3 reference gradients ran forwards again

@@ -18,9 +18,11 @@
 # --split --data-impl mmap --eod-mask-loss --reset-position-ids --reset-attention-mask), logging
 # (--log-interval --eval-interval --eval-iters --tensorboard-dir), checkpoints (--save DIR
 # --save-interval N, --load DIR to resume, --exit-interval, --keep-last-n-checkpoints), engine
-# (--device --no-jit --seed). Not in this build yet, refused with an explanation:
-# --tensor-model-parallel-size, --pipeline-model-parallel-size, --fp16/--bf16,
-# --use-distributed-optimizer/--zero-*, --recompute-*/--checkpoint-activations.
+# (--device --no-jit --seed), parallelism (--nproc-per-node, --tensor-model-parallel-size,
+# --pipeline-model-parallel-size), precision (--fp16/--mixed-precision, loss-scale flags; --bf16
+# on GPU/Ascend), recompute (--recompute-*, --checkpoint-activations). Not in this build yet,
+# refused with an explanation: --use-distributed-optimizer/--zero-*, the interleaved pipeline
+# schedule, pipeline parallelism together with tensor parallelism or full recompute.
 # Resume an interrupted run: launch/pretrain_gpt.sh --save ckpt --save-interval 20 --load ckpt
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -202,28 +202,35 @@ def test_tp2_checkpoint_evaluated_in_one_process_gives_the_tp2_validation_loss(r
     assert_same_run(values(log), found[-1:])           # "validation loss at the end of training"
 
 
+def convert_checkpoint(env, load, save, *flags):
+    """data_tools/convert_checkpoint.py --load LOAD --save SAVE FLAGS: its stdout (it must succeed)."""
+    out = subprocess.run([sys.executable, "data_tools/convert_checkpoint.py", "--load", str(load), "--save", str(save),
+                          *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def assert_same_pieces(save, again, rank_dirs, iteration="iter_0000012"):
+    """The checkpoint pieces `rank_dirs` of two --save folders hold the same tensors, bit for bit."""
+    for rank in rank_dirs:
+        original = ms.load_checkpoint(str(Path(save, iteration, rank, "model_optim_rng.ckpt")))
+        converted = ms.load_checkpoint(str(Path(again, iteration, rank, "model_optim_rng.ckpt")))
+        assert sorted(original) == sorted(converted)
+        for name, value in original.items():
+            np.testing.assert_array_equal(converted[name].asnumpy(), value.asnumpy(), err_msg=name)
+
+
 def test_convert_checkpoint_changes_the_tensor_parallel_size(runs, env, tmp_path):
     found, save, _ = runs(2, 2)
-    tool = [sys.executable, "data_tools/convert_checkpoint.py"]
-    one = subprocess.run(tool + ["--load", str(save), "--save", str(tmp_path / "tp1"),
-                                 "--target-tensor-parallel-size", "1"], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=120)
-    assert one.returncode == 0 and "tensor-parallel size 2 -> 1" in one.stdout, one.stderr[-2000:]
+    out = convert_checkpoint(env, save, tmp_path / "tp1", "--target-tensor-parallel-size", "1")
+    assert "tensor-parallel size 2 -> 1" in out
     assert sorted(os.listdir(tmp_path / "tp1" / "iter_0000012")) == ["merges.txt", "metadata.json", "mp_rank_00",
                                                                      "vocab.json"]
     status, log = single(TINY + ["--load", str(tmp_path / "tp1"), "--skip-train"], env)
     assert status == 0 and "resharded" not in log, log[-3000:]
     assert_same_run(values(log), found[-1:])
-    back = subprocess.run(tool + ["--load", str(tmp_path / "tp1"), "--save", str(tmp_path / "tp2"),
-                                  "--target-tensor-parallel-size", "2"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert back.returncode == 0, back.stderr[-2000:]
-    for rank in ("mp_rank_00", "mp_rank_01"):                     # TP 2 -> 1 -> 2: the same bytes' values
-        original = ms.load_checkpoint(str(save / "iter_0000012" / rank / "model_optim_rng.ckpt"))
-        again = ms.load_checkpoint(str(tmp_path / "tp2" / "iter_0000012" / rank / "model_optim_rng.ckpt"))
-        assert sorted(original) == sorted(again)
-        for name, value in original.items():
-            np.testing.assert_array_equal(again[name].asnumpy(), value.asnumpy(), err_msg=name)
+    convert_checkpoint(env, tmp_path / "tp1", tmp_path / "tp2", "--target-tensor-parallel-size", "2")
+    assert_same_pieces(save, tmp_path / "tp2", ("mp_rank_00", "mp_rank_01"))     # TP 2 -> 1 -> 2
 
 
 def test_any_model_gets_data_parallelism_and_tensor_parallelism_needs_its_layers(env, tmp_path):

@@ -210,7 +210,7 @@ class _RankCheckpoint:
         self.tp_resharded = saved_tp != tp_size
         stages = [pp_rank] if saved_pp == pp_size else list(range(saved_pp))
         ranks = range(saved_tp) if self.tp_resharded else [tp_rank]
-        changes = ([f"tensor-parallel size {saved_tp} resharded to {tp_size}"] if self.tp_resharded else []) + \
+        changes = ([f"tensor-parallel size {saved_tp}, resharded to {tp_size}"] if self.tp_resharded else []) + \
                   ([f"pipeline size {saved_pp} read as {pp_size}"] if saved_pp != pp_size else [])
         self.where = f"{path} (saved at {', '.join(changes)})" if changes else \
             os.path.join(path, rank_dir_name(tp_rank, pp_rank, saved_pp))

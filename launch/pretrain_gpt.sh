@@ -22,7 +22,7 @@
 # --pipeline-model-parallel-size), precision (--fp16/--mixed-precision, loss-scale flags; --bf16
 # on GPU/Ascend), recompute (--recompute-*, --checkpoint-activations). Not in this build yet,
 # refused with an explanation: --use-distributed-optimizer/--zero-*, the interleaved pipeline
-# schedule, pipeline parallelism together with tensor parallelism or full recompute.
+# schedule and uneven pipeline stages.
 # Resume an interrupted run: launch/pretrain_gpt.sh --save ckpt --save-interval 20 --load ckpt
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

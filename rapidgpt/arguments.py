@@ -264,7 +264,9 @@ def _engine_args(parser):
     g.add_argument("--device", choices=DEVICES, default=None, help="default: the best available")
     g.add_argument("--no-jit", dest="jit", action="store_false",
                    help="run the step eagerly (PyNative) instead of compiling it: 2-3x slower, "
-                        "but any Python works inside run_forward_step")
+                        "but any Python works inside run_forward_step (a pipeline stage still compiles its "
+                        "layers and tensor-parallel cells: MindSpore runs their custom backwards and "
+                        "recompute only inside a graph)")
     g.add_argument("--cpu-threads", type=int, default=None, help="MindSpore CPU threads per process (default: this node's cores divided by its processes)")
     g.add_argument("--prompt", default=None, help="text to continue (text_generation; after pretraining)")
     g.add_argument("--prompts-file", default=None, help="text_generation: one prompt per line")
@@ -481,10 +483,6 @@ def _check_layout(args, check, world_size):
                   f"--pipeline-model-parallel-size: --num-layers {args.num_layers} cannot be split into {pp} "
                   f"equal stages; choose a stage count that divides the layers (uneven "
                   f"--decoder-first/last-pipeline-num-layers are not supported)")
-    check.require(pp == 1 or tp == 1,
-                  f"--pipeline-model-parallel-size {pp} with --tensor-model-parallel-size {tp}: not in this build "
-                  f"(MindSpore 2.10 fails to compile the tensor-parallel layers' custom backward inside a pipeline "
-                  f"stage's recorded forward); use pipeline or tensor parallelism, each with data parallelism")
     model_parallel = tp * pp
     check.require(world_size % model_parallel == 0,
                   f"--tensor-model-parallel-size: {world_size} processes cannot be split into groups of "

@@ -116,29 +116,26 @@ def checkpoint_of(save, iteration, folder):
 
 
 def assert_same_weights(tensors, reference, vocab_size):
-    """Every model and optimizer tensor equal within 1e-5 of its largest magnitude (an element
-    near zero differs relatively more: 12 steps of float32 summed in another order);
-    vocabulary-padded tensors (their padding differs between TP sizes) compared on the true
-    vocabulary, the padding all zeros.
+    """Every model weight equal within 1e-5 and every optimizer tensor within 1e-5 of its largest
+    magnitude; vocabulary-padded tensors (their padding differs between TP sizes) compared on the
+    true vocabulary, the padding all zeros.
 
-    Except the key bias (Megatron's qkv bias layout `[heads, 3, head_dim]`, key = 1): its gradient
-    is zero in exact arithmetic (q.(k + b) shifts all of a query's scores equally; softmax ignores
-    that), so its value is float rounding noise that AdamW turns into steps of lr * g / eps. It is
-    compared in absolute terms, 1e-5 (init std 0.02), and does not change any output."""
+    Why weights in absolute terms (init std 0.02): AdamW moves a weight by about lr * m / sqrt(v)
+    per step whatever its gradient's size, so an element whose gradient is a cancellation near
+    zero carries the float rounding of another summation order into its steps. Measured: PP=2 x
+    TP=2, word embedding (2671, 28), gradient moment 6.3e-6 (the largest: 0.07) with a relative
+    rounding difference of 3.5e-5, ends 8.7e-7 from one process after 12 steps at lr 1e-3. The key
+    bias is the extreme case (Megatron's qkv bias layout `[heads, 3, head_dim]`, key = 1): its
+    gradient is zero in exact arithmetic (q.(k + b) shifts all of a query's scores equally), so its
+    value is rounding noise in steps of lr * g / eps, and it changes no output."""
     assert sorted(tensors) == sorted(reference)
     for name, expected in reference.items():
         ours = tensors[name]
         if ours.shape != expected.shape:
             assert not ours[vocab_size:].any() and not expected[vocab_size:].any(), name
             ours, expected = ours[:vocab_size], expected[:vocab_size]
-        if name.endswith("query_key_value.bias") and not name.startswith("adam_"):
-            key = np.zeros((HEADS, 3, expected.size // (3 * HEADS)), bool)
-            key[:, 1] = True
-            key = key.ravel()
-            np.testing.assert_allclose(ours[key], expected[key], rtol=0, atol=1e-5, err_msg=name)
-            ours, expected = ours[~key], expected[~key]
-        scale = np.abs(expected).max()
-        np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-5 * scale, err_msg=name)
+        atol = 1e-5 * np.abs(expected).max() if name.startswith("adam_") else 1e-5
+        np.testing.assert_allclose(ours, expected, rtol=0, atol=atol, err_msg=name)
 
 
 def test_collectives_on_subgroups_match_numpy(env, tmp_path):

@@ -1,8 +1,9 @@
 """Pipeline parallelism: the 1F1B order (simulated for every stage, no processes); the autograd
 mechanism the executor relies on (held backwards run oldest first, no forward recomputed); then the
-tiny 4-layer GPT trained with PP=2, PP=4 and PP=2 x DP=2 under msrun against one process (dropout
-on: losses, grad norms, validation losses and final weights), with one micro-batch per step
-(m = 1 < P), in fp16, with recompute; checkpoints moving between PP=2 and one process."""
+tiny 4-layer GPT trained with PP=2, PP=4, PP=2 x DP=2 and PP=2 x TP=2 under msrun against one
+process (dropout on: losses, grad norms, validation losses and final weights), with one micro-batch
+per step (m = 1 < P), in fp16, with recompute; checkpoints moving between PP=2 x TP=2 and one
+process, and between pipeline sizes offline."""
 import json
 import os
 from pathlib import Path
@@ -16,7 +17,7 @@ from rapidgpt.config.precision import PrecisionConfig
 from rapidgpt.config.recompute import RecomputeConfig
 from rapidgpt.parallel.pipeline import forward_only, one_f_one_b, stage_layer_range
 from rapidgpt.training.checkpointing import gathered_tensors
-from rapidgpt.training.model_transforms import prepare_model
+from rapidgpt.training.model_transforms import ModelTransformError, prepare_model
 from rapidgpt.training.pipeline_schedules import StageForward, _backward, _recorded
 from test_parallel import (FP16, SCALES, TINY, assert_same_pieces, assert_same_run, assert_same_weights,  # noqa: F401
                            checkpoint_of, convert_checkpoint, env, msrun, single, skipped,  # (env: a fixture)
@@ -74,6 +75,7 @@ def test_stage_layer_range():
 
 FOUR_LAYERS = [("4" if a == "2" and TINY[k - 1] == "--num-layers" else a) for k, a in enumerate(TINY)]
 PP2 = ("--pipeline-model-parallel-size", "2")
+PP2_TP2 = (*PP2, "--tensor-model-parallel-size", "2")
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +98,8 @@ def pipeline_runs(env, tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("nproc, layout", [(2, PP2), (4, ("--pipeline-model-parallel-size", "4")), (4, PP2)],
-                         ids=["pp2", "pp4", "pp2xdp2"])
+@pytest.mark.parametrize("nproc, layout", [(2, PP2), (4, ("--pipeline-model-parallel-size", "4")), (4, PP2),
+                                           (4, PP2_TP2)], ids=["pp2", "pp4", "pp2xdp2", "pp2xtp2"])
 def test_pipeline_reproduces_one_process(pipeline_runs, nproc, layout):
     found, save, _ = pipeline_runs(nproc, *layout)
     reference, single_save, _ = pipeline_runs(1)
@@ -123,20 +125,22 @@ def test_fp16_pipeline_follows_the_single_process_fp16_run(pipeline_runs):
             assert ours == pytest.approx(expected, rel=5e-3), (name, ours, expected)
 
 
-def test_selective_recompute_in_a_pipeline_prints_exactly_the_run_without_it(pipeline_runs):
-    assert pipeline_runs(2, *PP2, "--recompute-activations")[0] == pipeline_runs(2, *PP2)[0]
+@pytest.mark.parametrize("recompute", ["--recompute-activations", "--checkpoint-activations"],
+                         ids=["selective", "full"])
+def test_recompute_in_a_pipeline_prints_exactly_the_run_without_it(pipeline_runs, recompute):
+    assert pipeline_runs(2, *PP2, recompute)[0] == pipeline_runs(2, *PP2)[0]
 
 
 def test_pipeline_checkpoint_resumes_and_evaluates_in_one_process(pipeline_runs, env, tmp_path):
-    found, save, _ = pipeline_runs(2, *PP2)
+    found, save, _ = pipeline_runs(4, *PP2_TP2)
     reference, _, _ = pipeline_runs(1)
     status, log = single(FOUR_LAYERS + ["--load", checkpoint_of(save, 6, tmp_path / "six")], env)
     assert status == 0, log[-3000:]
-    assert "saved at pipeline size 2 read as 1" in log
+    assert "saved at tensor-parallel size 2, resharded to 1, pipeline size 2 read as 1" in log
     assert_same_run(values(log), reference[13:])       # iterations 7..12 and the last two validations
     status, log = single(FOUR_LAYERS + ["--load", str(save), "--skip-train"], env)
     assert status == 0, log[-3000:]
-    assert_same_run(values(log), found[-1:])           # the PP=2 run's final validation loss
+    assert_same_run(values(log), found[-1:])           # the PP=2 x TP=2 run's final validation loss
     status, log = single(["--task", "text_generation", "--load", str(save), "--prompt", "The assert statement",
                           "--max-new-tokens", "4"], env)
     assert status == 0 and "continuation:" in log, log[-3000:]
@@ -156,8 +160,8 @@ def test_convert_checkpoint_changes_the_pipeline_size(pipeline_runs, env, tmp_pa
 def test_single_process_checkpoint_resumes_in_a_pipeline(pipeline_runs, env, tmp_path):
     _, save, _ = pipeline_runs(1)
     reference, _, _ = pipeline_runs(1)
-    status, log = msrun(2, ["rapidgpt/cli.py"] + FOUR_LAYERS + ["--load", checkpoint_of(save, 6, tmp_path / "load"),
-                                                                *PP2], tmp_path / "logs", env)
+    status, log = msrun(4, ["rapidgpt/cli.py"] + FOUR_LAYERS + ["--load", checkpoint_of(save, 6, tmp_path / "load"),
+                                                                *PP2_TP2], tmp_path / "logs", env)
     assert status == 0, log[-3000:]
     assert_same_run(values(log), reference[13:])
 
@@ -167,9 +171,6 @@ def test_pipeline_flags_are_checked(env):
     assert status != 0 and "--num-layers 4 cannot be split into 3 equal stages" in log, log[-2000:]
     status, log = single(FOUR_LAYERS + ["--num-layers-per-virtual-pipeline-stage", "1"], env)
     assert status != 0 and "--num-layers-per-virtual-pipeline-stage: not in this build" in log, log[-2000:]
-    for refused in (["--tensor-model-parallel-size", "2"], ["--checkpoint-activations"]):
-        status, log = single(FOUR_LAYERS + [*PP2, "--nproc-per-node", "4", *refused], env)
-        assert status != 0 and "not in this build" in log, log[-2000:]
 
 
 class _CountingLayer(nn.Cell):
@@ -228,3 +229,11 @@ def test_held_backwards_run_oldest_first_without_recomputing():
             np.testing.assert_allclose(ours.asnumpy(), reference.asnumpy(), rtol=1e-5, atol=1e-6)
         assert grads[-1].shape == (2, 8)
     assert int(counter.asnumpy()) == 3 * 3 + 3 * 3     # only the 3 reference gradients ran forwards again
+
+
+def test_full_recompute_in_a_stage_needs_the_layers_in_one_cell():
+    """Recompute works inside a graph only: a stage whose layers are compiled one by one (a plain
+    CellList) cannot recompute whole layers, and says what to change."""
+    stage = _Stage(Parameter(Tensor(0, ms.int32), name="forward_count", requires_grad=False))
+    with pytest.raises(ModelTransformError, match="keep them in a rapidgpt.models.transformer.TransformerLayers"):
+        prepare_model(stage, PrecisionConfig(), RecomputeConfig("full", "uniform", 1), compile_layers=True)

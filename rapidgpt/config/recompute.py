@@ -72,10 +72,6 @@ def check_recompute_args(args, check):
         if check.require(n is not None, "--recompute-num-layers: full recompute needs --recompute-num-layers N"):
             check.require(1 <= n <= args.num_layers,
                           f"--recompute-num-layers: must be in [1, --num-layers {args.num_layers}], got {n}")
-        check.require((getattr(args, "pipeline_model_parallel_size", None) or 1) == 1,
-                      "--recompute-granularity full (or --checkpoint-activations) with --pipeline-model-parallel-size: "
-                      "not in this build (MindSpore 2.10 cannot run a recomputed layer inside a pipeline stage's "
-                      "recorded forward); use --recompute-activations (selective) or no recompute")
     else:
         what = "selective recompute" if granularity else "no --recompute-granularity"
         check.require(method is None, f"--recompute-method: only for --recompute-granularity full ({what} given)")

@@ -24,7 +24,7 @@ from mindspore import Parameter, Tensor, nn, ops
 import numpy as np
 
 from rapidgpt.arguments import padded_vocab_size
-from rapidgpt.models.transformer import LayerNorm, ParallelTransformerLayer, TransformerConfig
+from rapidgpt.models.transformer import LayerNorm, ParallelTransformerLayer, TransformerConfig, TransformerLayers
 from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy
 from rapidgpt.parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
 from rapidgpt.parallel.mappings import CopyToTensorParallelRegion, GatherFromTensorParallelRegion
@@ -72,24 +72,16 @@ class GPTModel(nn.Cell):
             self.position_embeddings = PositionEmbedding(config.max_position_embeddings, h, std)
             self.embedding_dropout = Dropout(config.hidden_dropout)
         layers = stage_layer_range(config.num_layers, pp_size, pp_rank)
-        # Keyed by global index: parameter `layers.5.mlp...` has the same name at every PP size.
-        self.layers = nn.SequentialCell(OrderedDict((str(i), ParallelTransformerLayer(config)) for i in layers))
+        self.layers = TransformerLayers(OrderedDict((str(i), ParallelTransformerLayer(config)) for i in layers))
         if self.post_process:
             self.final_layernorm = LayerNorm((h,), epsilon=config.layernorm_epsilon)
             self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
                                                       drawn_rows=vocab_size) if self.untied else None)
-            self.logits_matmul = ops.MatMul(transpose_b=True)
-        self.tp = get_tensor_model_parallel_world_size()
-        if self.tp > 1 and self.post_process:
-            # Logits stay split over the vocabulary: the loss never needs them whole.
-            self.copy_to_region = CopyToTensorParallelRegion()
-            self.gather_from_region = GatherFromTensorParallelRegion()
-            rows = padded_vocab_size // self.tp          # this rank's vocabulary rows
-            self.cross_entropy = VocabParallelCrossEntropy(get_tensor_model_parallel_rank() * rows, rows, vocab_size)
+            self.head = LanguageModelHead(vocab_size, padded_vocab_size)
 
     def set_input_tensor(self, input_tensor):
         """Megatron's contract: the input `[b, s, h]` of this (not first) stage's next forward (the
-        pipeline schedule calls it inside the traced stage graph, see pipeline_schedules.py)."""
+        pipeline schedule sets it before each forward, rapidgpt/training/pipeline_schedules.py)."""
         self.input_tensor = input_tensor
 
     def output_weight(self):
@@ -106,28 +98,12 @@ class GPTModel(nn.Cell):
             x = self.embedding_dropout(x)
         else:
             x = self.input_tensor
-        for layer in self.layers:
-            x = layer(x, attention_mask)
+        x = self.layers(x, attention_mask)
         return self.final_layernorm(x) if self.post_process else x
-
-    def parallel_logits(self, x):
-        """`[b, s, h]` final hidden states -> `[b*s, padded / tp]` fp32: this rank's vocabulary slice
-        (a 16-bit model's product cast to fp32: the softmax and the loss are computed in fp32)."""
-        b, s, h = x.shape
-        x = x.reshape(b * s, h)
-        if self.tp > 1:
-            x = self.copy_to_region(x)
-        logits = self.logits_matmul(x, self.output_weight())
-        return logits if logits.dtype == ms.float32 else logits.astype(ms.float32)
 
     def logits(self, x):
         """`[b, s, h]` final hidden states -> `[b*s, vocab]` logits over the true vocabulary."""
-        logits = self.parallel_logits(x)
-        if self.tp > 1:
-            logits = self.gather_from_region(logits)                                # [b*s, padded]
-        if self.padded_vocab_size > self.vocab_size:
-            logits = logits[:, :self.vocab_size]
-        return logits
+        return self.head.logits(x, self.output_weight())
 
     def decode(self, tokens, position_ids, past=None):
         """Generation step with a key/value cache: logits `[b, s_new, vocab]` of the new tokens and
@@ -144,14 +120,59 @@ class GPTModel(nn.Cell):
         x = self.hidden_states(tokens, position_ids, attention_mask)
         if not self.post_process:
             return x
-        b, s, _ = x.shape
         if labels is None:
+            b, s, _ = x.shape
             return self.logits(x).reshape(b, s, self.vocab_size)
+        return self.head(x, self.output_weight(), labels)
+
+
+class LanguageModelHead(nn.Cell):
+    """The output layer and the loss, without parameters of their own: the output weight
+    `[padded / tp, h]` (the word embeddings, or the untied output layer's) is an input.
+
+    `(x [b, s, h] final hidden states, weight, labels [b, s]) -> per-token loss [b, s]` (fp32).
+    At tensor-parallel size > 1 the logits stay split over the vocabulary: the loss never needs
+    them whole. A cell of its own so that a pipeline stage can compile it as one graph: its
+    tensor-parallel boundaries have custom backwards, which MindSpore 2.10 runs only inside a
+    graph (rapidgpt/training/model_transforms.py, compile_pipeline_stage).
+    """
+
+    def __init__(self, vocab_size, padded_vocab_size):
+        super().__init__()
+        self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
+        self.logits_matmul = ops.MatMul(transpose_b=True)
+        self.tp = get_tensor_model_parallel_world_size()
         if self.tp > 1:
-            losses = self.cross_entropy(self.parallel_logits(x), labels.reshape(-1))
+            self.copy_to_region = CopyToTensorParallelRegion()
+            self.gather_from_region = GatherFromTensorParallelRegion()
+            rows = padded_vocab_size // self.tp          # this rank's vocabulary rows
+            self.cross_entropy = VocabParallelCrossEntropy(get_tensor_model_parallel_rank() * rows, rows, vocab_size)
+
+    def parallel_logits(self, x, weight):
+        """`[b, s, h]` -> `[b*s, padded / tp]` fp32: this rank's vocabulary slice (a 16-bit model's
+        product cast to fp32: the softmax and the loss are computed in fp32)."""
+        b, s, h = x.shape
+        x = x.reshape(b * s, h)
+        if self.tp > 1:
+            x = self.copy_to_region(x)
+        logits = self.logits_matmul(x, weight)
+        return logits if logits.dtype == ms.float32 else logits.astype(ms.float32)
+
+    def logits(self, x, weight):
+        """`[b, s, h]` -> `[b*s, vocab]` logits over the true vocabulary."""
+        logits = self.parallel_logits(x, weight)
+        if self.tp > 1:
+            logits = self.gather_from_region(logits)                                # [b*s, padded]
+        if self.padded_vocab_size > self.vocab_size:
+            logits = logits[:, :self.vocab_size]
+        return logits
+
+    def construct(self, x, weight, labels):
+        if self.tp > 1:
+            losses = self.cross_entropy(self.parallel_logits(x, weight), labels.reshape(-1))
         else:
-            losses = ops.cross_entropy(self.logits(x), labels.reshape(-1), reduction="none")
-        return losses.reshape(b, s)
+            losses = ops.cross_entropy(self.logits(x, weight), labels.reshape(-1), reduction="none")
+        return losses.reshape(labels.shape)
 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

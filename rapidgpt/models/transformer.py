@@ -157,3 +157,18 @@ class ParallelTransformerLayer(nn.Cell):
         attention, present = self.self_attention.decode(self.input_layernorm(x), past)
         x = x + attention
         return x + self.mlp(self.post_attention_layernorm(x)), present
+
+
+class TransformerLayers(nn.SequentialCell):
+    """A model's (or pipeline stage's) decoder layers, run in order:
+    `(x [b, s, h], attention_mask) -> [b, s, h]`. Built from an OrderedDict keyed by each layer's
+    global index, so `layers.5.mlp...` keeps its name at every pipeline size. One cell for all of
+    them so that a pipeline stage compiles its layers as one graph, inside which MindSpore's
+    activation recompute works as in the non-pipelined step (rapidgpt/training/model_transforms.py).
+    """
+
+    def construct(self, x, attention_mask=None):
+        for layer in self.cell_list:
+            x = layer(x, attention_mask)
+        return x
+

@@ -8,8 +8,13 @@ global ids. Per token:
     target = the label's logit - m, from the rank that holds it (all-reduce SUM of a masked pick)
     loss   = log(sum_e) - target
 
-Backward (custom bprop, Megatron's): d loss / d l = softmax(l) - onehot(label) on each rank's
-slice, scaled by the incoming gradient; no exchange beyond recomputing m and sum_e.
+Backward: d loss / d l = softmax(l) - onehot(label) on each rank's slice, scaled by the incoming
+gradient (Megatron's rule), obtained by differentiating the above with the two sums taken through
+ReduceFromTensorParallelRegion (all-reduce forward, identity backward: the loss is replicated, so
+each rank's slice gets the gradient of its own terms) and the maximum held constant (the loss does
+not depend on it). No exchange in the backward. It is written without a custom bprop of its own
+because MindSpore 2.10 fails to compile one inside a pipeline stage's recorded forward
+("func_graph->get_return() is null"); the boundary cells compile there.
 Columns at or past `vocab_size` (vocabulary padding) are masked out of the softmax.
 """
 import mindspore as ms
@@ -17,6 +22,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from rapidgpt.parallel import comm
+from rapidgpt.parallel.mappings import ReduceFromTensorParallelRegion
 from rapidgpt.parallel.state import get_tensor_model_parallel_group
 
 _MASKED = -1.0e30          # exp(_MASKED - m) == 0 exactly, and no inf - inf
@@ -33,32 +39,18 @@ class VocabParallelCrossEntropy(nn.Cell):
         self.vocab_start = vocab_start
         self.padding = Tensor(np.arange(vocab_start, vocab_start + local_vocab) >= vocab_size)   # [V_local]
         self.all_reduce_max = comm.AllReduce(group, "max")
-        self.all_reduce_sum = comm.AllReduce(group)
-
-    def _shifted(self, logits):
-        """Masked fp32 logits minus the global row maximum: `[N, V_local]`."""
-        logits = ops.masked_fill(logits.astype(ms.float32), self.padding, _MASKED)
-        return logits - self.all_reduce_max(logits.max(axis=-1, keepdims=True))
-
-    def _local_labels(self, logits, labels):
-        """Label positions in this rank's slice (0 where another rank holds them) and the mask."""
-        local = labels - self.vocab_start
-        mine = ops.logical_and(local >= 0, local < logits.shape[-1])
-        return ops.where(mine, local, 0), mine
+        # One boundary cell per call: MindSpore 2.10 mixes up the backwards of one custom-bprop
+        # cell called twice in a graph differentiated by a pipeline stage (infinite gradients).
+        self.sum_targets = ReduceFromTensorParallelRegion(group)
+        self.sum_exps = ReduceFromTensorParallelRegion(group)
 
     def construct(self, logits, labels):
-        shifted = self._shifted(logits)
-        local, mine = self._local_labels(logits, labels)
-        picked = ops.gather_elements(shifted, 1, local.reshape(-1, 1)).reshape(-1)
-        target = self.all_reduce_sum(picked * mine.astype(ms.float32))
-        sum_exp = self.all_reduce_sum(ops.exp(shifted).sum(axis=-1))
+        logits = ops.masked_fill(logits.astype(ms.float32), self.padding, _MASKED)       # [N, V_local]
+        row_max = ops.stop_gradient(self.all_reduce_max(logits.max(axis=-1, keepdims=True)))
+        shifted = logits - row_max
+        local = labels - self.vocab_start
+        mine = ops.logical_and(local >= 0, local < logits.shape[-1])    # the label is in this slice
+        picked = ops.gather_elements(shifted, 1, ops.where(mine, local, 0).reshape(-1, 1)).reshape(-1)
+        target = self.sum_targets(picked * mine.astype(ms.float32))
+        sum_exp = self.sum_exps(ops.exp(shifted).sum(axis=-1))
         return ops.log(sum_exp) - target
-
-    def bprop(self, logits, labels, out, dout):
-        shifted = self._shifted(logits)
-        exp = ops.exp(shifted)
-        softmax = exp / self.all_reduce_sum(exp.sum(axis=-1, keepdims=True))
-        local, mine = self._local_labels(logits, labels)
-        onehot = ops.one_hot(local, logits.shape[-1], ms.Tensor(1.0, ms.float32), ms.Tensor(0.0, ms.float32))
-        grad = (softmax - onehot * mine.astype(ms.float32).reshape(-1, 1)) * dout.reshape(-1, 1)
-        return grad.astype(logits.dtype), ops.zeros_like(labels)

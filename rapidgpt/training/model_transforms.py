@@ -21,7 +21,7 @@ import mindspore as ms
 from mindspore import nn
 
 from rapidgpt.errors import UserError
-from rapidgpt.models.transformer import CoreAttention
+from rapidgpt.models.transformer import CoreAttention, TransformerLayers
 
 _HALF = {"float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -29,15 +29,15 @@ _HALF = {"float16": ms.float16, "bfloat16": ms.bfloat16}
 def prepare_model(model, precision, recompute, logger=None, jit=True, compile_layers=False):
     """Transform `model` in place for `precision` (a PrecisionConfig) and `recompute` (a
     RecomputeConfig), and with `compile_layers` (pipeline stages, which run their forward in
-    PyNative: rapidgpt/training/pipeline_schedules.py) give each layer of its `layers` lists its own
-    compiled graph; with a `logger`, say what was done in one start-up line (and warn where
+    PyNative: rapidgpt/training/pipeline_schedules.py) compile its layers and tensor-parallel
+    cells (compile_pipeline_stage); with a `logger`, say what was done in one start-up line (and warn where
     recompute cannot save memory)."""
     if precision.half:
         cast_to_half(model, _HALF[precision.params_dtype])
     if recompute.granularity is not None:
         apply_recompute(model, recompute)
     if compile_layers:
-        compile_pipeline_stage(model)
+        compile_pipeline_stage(model, recompute)
     if logger is not None and (precision.half or recompute.granularity):
         logger.info(f" > precision: {precision.describe()} | activation recompute: {recompute.describe()}")
         if recompute.granularity and jit and ms.get_context("device_target") == "CPU":
@@ -74,13 +74,43 @@ def cast_to_half(model, dtype):
         cell.to_float(ms.float32 if isinstance(cell, keep_fp32) else dtype)
 
 
-def compile_pipeline_stage(model):
+def compile_pipeline_stage(model, recompute):
     """For a pipeline stage, whose forward runs in PyNative with autograd recording
-    (rapidgpt/training/pipeline_schedules.py): each layer of its `layers` lists becomes one compiled
-    graph, the bulk of the stage's work."""
+    (rapidgpt/training/pipeline_schedules.py), compile the bulk of its work:
+    - its layers: a RapidGPT TransformerLayers as one graph, another `layers` list layer by layer.
+      Activation recompute marks are honoured inside a graph only (MindSpore 2.10 cannot run a
+      recomputed cell called from PyNative), so full recompute (`recompute`, a RecomputeConfig),
+      which marks whole layers, needs the layers in one TransformerLayers;
+    - each other cell that holds a cell with a custom backward (the tensor-parallel boundaries of
+      rapidgpt/parallel/mappings.py): MindSpore 2.10 runs a custom backward recorded in PyNative
+      only under its own differentiation API ("The pointer[top_cell_] is null"); inside a graph
+      it is differentiated with the graph.
+    """
+    units = []
     for layers in layer_lists(model):
-        for layer in layers:
-            layer.construct = ms.jit(layer.construct)
+        if isinstance(layers, TransformerLayers):
+            units.append(layers)
+        elif recompute.granularity == "full":
+            raise ModelTransformError(
+                f"--recompute-granularity full with --pipeline-model-parallel-size: the model "
+                f"({type(model).__name__}) keeps its layers in a {type(layers).__name__}; keep them in a "
+                f"rapidgpt.models.transformer.TransformerLayers (called once as self.layers(x, mask)), or "
+                f"use --recompute-activations (selective) or no recompute")
+        else:
+            units.extend(layers)
+    inside = {id(cell) for unit in units for _, cell in unit.cells_and_names()}
+    for name, cell in model.cells_and_names():
+        if id(cell) in inside or not any(hasattr(child, "bprop") for child in cell.cells()):
+            continue
+        if cell is model:
+            raise ModelTransformError(
+                f"--pipeline-model-parallel-size: the model ({type(model).__name__}) calls a cell with a custom "
+                f"backward ({', '.join(type(c).__name__ for c in cell.cells() if hasattr(c, 'bprop'))}) in its "
+                f"own construct; move that call into a sub-cell, which the pipeline stage can compile")
+        units.append(cell)
+        inside.update(id(c) for _, c in cell.cells_and_names())
+    for unit in units:
+        unit.construct = ms.jit(unit.construct)
 
 
 def layer_lists(model):

@@ -12,14 +12,16 @@ backward is started from its micro-batch's output by MindSpore's autograd engine
 order, seeded with the output gradient received from the next stage. Both are internal APIs,
 used only in `_recorded` and `_backward` below.
 
-What is compiled: each transformer layer of the stage is its own `mindspore.jit` graph
-(`compile_layers` in rapidgpt/training/model_transforms.py), the rest of the stage (embeddings, the
-loss, the user's forward hook) runs in PyNative, and the optimizer wrapper is one compiled graph.
-Why: a whole-stage graph cannot see Megatron's `set_input_tensor` (a Python attribute; the AST
-capture drops assignments inside graphs, and a traced capture returned its gradients in the wrong
-order), while a layer's graph keeps its forward's activations for its backward (each forward runs
-once, counted in tests/test_pipeline.py). A whole 1F1B step cannot be one graph: its
-point-to-point exchanges must interleave with the neighbours' in the schedule's order.
+What is compiled (rapidgpt/training/model_transforms.py, compile_pipeline_stage): the stage's
+layers as one `mindspore.jit` graph, and each cell holding a tensor-parallel boundary (the
+vocabulary-parallel embedding, the output layer and loss); the rest of the stage (position
+embeddings, the user's forward hook) runs in PyNative, and the optimizer wrapper is one compiled
+graph. Why: a whole-stage graph cannot see Megatron's `set_input_tensor` (a Python attribute; the
+AST capture drops assignments inside graphs, and a traced capture returned its gradients in the
+wrong order), while a graph called from a recorded forward keeps its forward's activations for its
+backward (each forward runs once, counted in tests/test_pipeline.py); custom backwards and
+recompute only work inside a graph. A whole 1F1B step cannot be one graph: its point-to-point
+exchanges must interleave with the neighbours' in the schedule's order.
 """
 import contextlib
 
@@ -30,14 +32,14 @@ from mindspore.graph.api import _pynative_executor
 
 from rapidgpt.global_vars import get_timers
 from rapidgpt.parallel import comm
-from rapidgpt.parallel.data_parallel import GradientSummer
 from rapidgpt.parallel.pipeline import StageLinks, forward_only, one_f_one_b
-from rapidgpt.parallel.random import micro_batch_key, set_dropout_key
-from rapidgpt.parallel.state import (get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size,
+from rapidgpt.parallel.random import set_dropout_key
+from rapidgpt.parallel.state import (get_data_parallel_rank, get_data_parallel_world_size,
                                      get_embedding_group, get_pipeline_model_parallel_group,
                                      get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
                                      get_pipeline_neighbour_groups)
-from rapidgpt.training.schedules import loss_of, select_micro_batch
+from rapidgpt.training.schedules import (DataParallelFinalize, accumulate, casts_to_fp32, loss_multiplier, loss_of,
+                                         micro_batch_dropout_key, select_micro_batch)
 from rapidgpt.training.step import StepResult
 
 
@@ -103,10 +105,9 @@ class ForwardBackwardPipelining:
         self.m = num_micro_batches
         self.run_forward = StageForward(forward, model, self.last)
         self.links = StageLinks(*get_pipeline_neighbour_groups(), activation_shape, activation_dtype)
-        self.cast_to_fp32 = accumulate_in_fp32 and any(p.dtype != ms.float32 for p in self.params)
+        self.cast_to_fp32 = casts_to_fp32(self.params, accumulate_in_fp32)
         self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
-        self.sum_over_dp = GradientSummer(self.params, get_data_parallel_group())
-        self.dp_sum = comm.AllReduce(get_data_parallel_group())
+        self.finalize_dp = DataParallelFinalize(self.params)
         self.shared = [i for i, p in enumerate(self.params) if getattr(p, "pipeline_shared", False)]
         self.embedding_sum = comm.AllReduce(get_embedding_group()) if self.shared else None
         self.pipeline_sum = comm.AllReduce(get_pipeline_model_parallel_group())
@@ -114,8 +115,8 @@ class ForwardBackwardPipelining:
 
     def __call__(self, stacked, iteration, loss_scale):
         m, dp = self.m, self.dp_size
-        multiplier = Tensor(loss_scale / (m * dp), ms.float32)
-        keys = [micro_batch_key(iteration, i * dp + self.dp_rank) for i in range(m)]
+        multiplier = Tensor(loss_multiplier(loss_scale, m, dp), ms.float32)
+        keys = [micro_batch_dropout_key(iteration, i, dp, self.dp_rank) for i in range(m)]
         batches = [select_micro_batch(stacked, i) for i in range(m)]
         inputs, outputs, output_grads, input_grads = {}, {}, {}, {}
         grads, total = None, None
@@ -136,16 +137,16 @@ class ForwardBackwardPipelining:
 
         def backward_step(j):
             nonlocal grads
-            set_dropout_key(keys[j])        # as in its forward, should the backward read it
+            # Recompute reruns dropout in the backward, which reads the key: set it as in the forward
+            # (without, selective recompute in a pipeline changed the grad norm in the 4th digit).
+            set_dropout_key(keys[j])
             output = outputs.pop(j)
             seed = ops.ones_like(output) if self.last else output_grads.pop(j)
             wrt = self.params if self.first else self.params + (inputs.pop(j),)
             micro_grads = _backward(output, seed, wrt)
             if not self.first:
                 input_grads[j], micro_grads = micro_grads[-1], micro_grads[:-1]
-            if self.cast_to_fp32:
-                micro_grads = tuple(ops.cast(g, ms.float32) for g in micro_grads)
-            grads = micro_grads if grads is None else tuple(a + b for a, b in zip(grads, micro_grads))
+            grads = accumulate(grads, micro_grads, self.cast_to_fp32)
 
         for kind, index in one_f_one_b(self.pp_size, self.stage, m):
             timer = self.timers(TIMER_OF.get(kind, "pipeline-p2p"), log_level=2)
@@ -171,16 +172,12 @@ class ForwardBackwardPipelining:
             if self.timers.measuring(2):    # count asynchronous work in the action that queued it
                 ms.runtime.synchronize()
             timer.stop()
-        grads = self._finalize(grads)
-        loss = total / m if self.last else ops.zeros((), ms.float32)
-        if dp > 1:
-            loss = self.dp_sum(loss) / dp
-        return self.pipeline_sum(loss), grads      # every stage gets the last stage's loss
+        loss, grads = self.finalize_dp(total / m if self.last else ops.zeros((), ms.float32), grads)
+        return self.pipeline_sum(loss), self._sum_embedding_grads(grads)   # every stage: the last stage's loss
 
-    def _finalize(self, grads):
-        """Megatron's finalize_model_grads: the DP sum, then the tied embeddings' over the
-        embedding group (both copies then hold the same gradient)."""
-        grads = self.sum_over_dp(grads) if self.dp_size > 1 else grads
+    def _sum_embedding_grads(self, grads):
+        """Megatron's finalize_model_grads after the DP sum: the tied embeddings' gradients summed
+        over the embedding group (both copies then hold the same gradient)."""
         if self.embedding_sum is not None:
             grads = list(grads)
             for i in self.shared:

@@ -31,21 +31,63 @@ def select_micro_batch(stacked, i):
     return tuple(value[i] for value in stacked)
 
 
+# The per-step bookkeeping every schedule shares (with and without pipelining).
+
+def loss_multiplier(loss_scale, num_micro_batches, dp_size):
+    """What each micro-batch's loss is multiplied by before its backward: loss_scale / (n * dp).
+    (Megatron divides the loss by n before the backward and its DDP scales the gradients by 1/dp,
+    so the sum over DP ranks is the mean and fp16 overflows at the same loss scale in every
+    layout.)"""
+    divisor = num_micro_batches * dp_size
+    return 1.0 / divisor if loss_scale is None else loss_scale / divisor
+
+
+def micro_batch_dropout_key(iteration, i, dp_size, dp_rank):
+    """Micro-batch i's dropout key: from its place in the global batch, i * dp + dp_rank, as
+    Megatron's sampler deals micro-batches to the DP ranks (the masks do not depend on the layout)."""
+    return micro_batch_key(iteration, i * dp_size + dp_rank)
+
+
+def casts_to_fp32(params, accumulate_in_fp32):
+    """Whether gradients are cast before they are accumulated: in fp32 when `accumulate_in_fp32`
+    (fp32 and bf16 models; fp16 with --accumulate-allreduce-grads-in-fp32), fp32 ones need no cast
+    (a copy per parameter and micro-batch otherwise)."""
+    return accumulate_in_fp32 and any(p.dtype != ms.float32 for p in params)
+
+
+def accumulate(grads, micro_grads, cast_to_fp32):
+    """`grads + micro_grads` (tuples in params order; `grads` None for the first micro-batch)."""
+    if cast_to_fp32:
+        micro_grads = tuple(ops.cast(g, ms.float32) for g in micro_grads)
+    return micro_grads if grads is None else tuple(a + b for a, b in zip(grads, micro_grads))
+
+
+class DataParallelFinalize(nn.Cell):
+    """Megatron's finalize_model_grads over the data-parallel ranks: `(loss, grads) -> (loss
+    averaged, grads summed)` (flat buckets, rapidgpt/parallel/data_parallel.py)."""
+
+    def __init__(self, params):
+        super().__init__(auto_prefix=False)
+        self.dp_size = get_data_parallel_world_size()
+        self.sum_over_dp = GradientSummer(params, get_data_parallel_group())
+        self.dp_sum = comm.AllReduce(get_data_parallel_group())
+
+    def construct(self, loss, grads):
+        if self.dp_size == 1:
+            return loss, grads
+        return self.dp_sum(loss) / self.dp_size, self.sum_over_dp(grads)
+
+
 class ForwardBackwardNoPipelining(nn.Cell):
     """Megatron's forward_backward_no_pipelining, unrolled into the compiled step.
 
-    For micro-batch i of n (its place in the global batch, i * dp + dp_rank as Megatron's sampler
-    deals them, selects its dropout masks):
+    For micro-batch i of n (`micro_batch_dropout_key` selects its dropout masks):
 
         loss_i  = the hook's loss, in fp32
-        grads  += d(loss_i * loss_scale / (n * dp)) / d(params)
+        grads  += d(loss_i * loss_multiplier) / d(params)
 
-    (Megatron divides the loss by n before the backward and its DDP scales the gradients by 1/dp,
-    so the sum over DP ranks below is the mean and fp16 overflows at the same loss scale in
-    every layout), accumulated in fp32 when `accumulate_in_fp32` (always for fp32 and bf16 models; fp16 with
-    --accumulate-allreduce-grads-in-fp32), else in the parameters' 16-bit dtype. Then Megatron's
-    finalize_model_grads: the gradients are summed over the data-parallel ranks (flat buckets,
-    rapidgpt/parallel/data_parallel.py), and the loss averaged, for the log.
+    accumulated as `accumulate` says; then `DataParallelFinalize`: gradients summed over the
+    data-parallel ranks, the loss averaged, for the log.
 
     `schedule(stacked, iteration, loss_scale) -> (mean loss, grads)`, grads in `params` order.
     """
@@ -54,12 +96,10 @@ class ForwardBackwardNoPipelining(nn.Cell):
         super().__init__(auto_prefix=False)
         self.forward = forward
         self.num_micro_batches = num_micro_batches
-        # fp32 gradients need no cast (a copy per parameter and micro-batch otherwise).
-        self.cast_to_fp32 = accumulate_in_fp32 and any(p.dtype != ms.float32 for p in params)
+        self.cast_to_fp32 = casts_to_fp32(params, accumulate_in_fp32)
         self.grad_fn = ms.value_and_grad(self.micro_batch_loss, None, ParameterTuple(params), has_aux=True)
         self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
-        self.sum_over_dp = GradientSummer(params, get_data_parallel_group())
-        self.dp_sum = comm.AllReduce(get_data_parallel_group())
+        self.finalize = DataParallelFinalize(params)
 
     def micro_batch_loss(self, micro_batch, dropout_key, loss_multiplier):
         """(the loss the backward starts from, the hook's loss in fp32) of one micro-batch; the
@@ -70,19 +110,13 @@ class ForwardBackwardNoPipelining(nn.Cell):
 
     def construct(self, stacked, iteration, loss_scale=None):
         n = self.num_micro_batches
-        divisor = n * self.dp_size
-        multiplier = 1.0 / divisor if loss_scale is None else loss_scale / divisor
+        multiplier = loss_multiplier(loss_scale, n, self.dp_size)
         total, grads = None, None
         for i in range(n):          # unrolled: each micro-batch is its own subgraph
-            key = micro_batch_key(iteration, i * self.dp_size + self.dp_rank)
+            key = micro_batch_dropout_key(iteration, i, self.dp_size, self.dp_rank)
             (_, loss), micro_grads = self.grad_fn(select_micro_batch(stacked, i), key, multiplier)
-            if self.cast_to_fp32:
-                micro_grads = tuple(ops.cast(g, ms.float32) for g in micro_grads)
             total = loss if total is None else total + loss
-            grads = micro_grads if grads is None else tuple(a + b for a, b in zip(grads, micro_grads))
+            grads = accumulate(grads, micro_grads, self.cast_to_fp32)
         if n > 1:
             total = total / n
-        if self.dp_size > 1:
-            grads = self.sum_over_dp(grads)
-            total = self.dp_sum(total) / self.dp_size
-        return total, grads
+        return self.finalize(total, grads)

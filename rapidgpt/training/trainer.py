@@ -26,8 +26,8 @@ from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_p
                                              save_checkpoint)
 from rapidgpt.training.hook_contract import HookContractError, check_returned
 from rapidgpt.training.model_transforms import prepare_model
-from rapidgpt.training.reporting import Reporter
 from rapidgpt.training.pipeline_schedules import PipelineEvalStep, PipelineTrainStep
+from rapidgpt.training.reporting import Reporter
 from rapidgpt.training.step import EvalStep, TrainStep
 
 
@@ -105,7 +105,7 @@ class Trainer:
         check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
         prepare_model(model, self.args.precision, self.args.recompute, self.logger, self.args.jit,
-                      compile_layers=pipelined and self.args.jit)
+                      compile_layers=pipelined)
         tp_rank, _, pp_rank = get_parallel_state().coordinates()
         count = sum(int(np.prod(p.shape)) for p in model.get_parameters())
         self.logger.info(f" > number of parameters on (tensor, pipeline) model parallel rank "

@@ -6,14 +6,11 @@ Stage layout: the decoder's `num_layers` are split evenly, stage p holding globa
 `[p * L/P, (p + 1) * L/P)`; each keeps its global name (`layers.5....`), so seeded initialisation,
 dropout masks and checkpoints do not depend on P.
 
-Point-to-point: neighbours s and s+1 share a 2-rank group. On the CPU backend (no Send/Receive)
-every transfer is an exact all-reduce in that group where the receiver contributes zeros; the
-combined exchanges (send forward + receive backward) carry both directions in one all-reduce of a
-`[2, b, s, h]` buffer (slot 0: the activation going down the pipeline, slot 1: the gradient going
-up), so the two neighbours always make the same call in the same order and cannot deadlock (see
-`one_f_one_b`, whose per-link call sequences match exactly; tests/test_pipeline.py checks it).
-The same all-reduce exchange is used on HCCL/NCCL: it is correct there too, but MindSpore's native
-Send/Receive are not used yet.
+Point-to-point: neighbours s and s+1 share a 2-rank group and exchange through
+`comm.PairExchange` (MindSpore's isend/irecv on CPU and Ascend, an exact all-reduce exchange
+elsewhere). The combined exchanges (send forward + receive backward, and the reverse) move both
+directions at once, so two neighbours never both wait to send; each link's call sequences on its
+two ends match exactly (`one_f_one_b`; tests/test_pipeline.py checks it).
 """
 from mindspore import ops
 
@@ -96,33 +93,28 @@ def forward_only(pp_size, stage, num_micro_batches):
 
 class StageLinks:
     """This stage's exchanges with its neighbours: `prev_group` is (stage - 1, stage), `next_group`
-    (stage, stage + 1), each None at the pipeline's ends; `shape`/`dtype`: the activations'."""
+    (stage, stage + 1), each None at the pipeline's ends; `shape`/`dtype`: the activations'
+    (the gradients of the activations have the same)."""
 
     def __init__(self, prev_group, next_group, shape, dtype):
-        self.shape, self.dtype = tuple(shape), dtype
-        self.prev = comm.AllReduce(prev_group) if prev_group is not None else None
-        self.next = comm.AllReduce(next_group) if next_group is not None else None
+        self.like = ops.zeros(tuple(shape), dtype)
+        self.prev = comm.PairExchange(prev_group) if prev_group is not None else None
+        self.next = comm.PairExchange(next_group) if next_group is not None else None
 
-    def _zeros(self, *lead):
-        return ops.zeros(lead + self.shape, self.dtype)
-
-    # One direction: the receiver contributes zeros.
     def recv_forward(self):
-        return self.prev(self._zeros())
+        return self.prev.exchange(receive=self.like)
 
     def send_forward(self, output):
-        self.next(output)
+        self.next.exchange(send=output)
 
     def recv_backward(self):
-        return self.next(self._zeros())
+        return self.next.exchange(receive=self.like)
 
     def send_backward(self, input_grad):
-        self.prev(input_grad)
+        self.prev.exchange(send=input_grad)
 
-    # Both directions in one all-reduce: slot 0 goes down the pipeline, slot 1 up.
     def send_forward_recv_backward(self, output):
-        return self.next(ops.stack((output, ops.zeros_like(output))))[1]
+        return self.next.exchange(send=output, receive=self.like)
 
     def send_backward_recv_forward(self, input_grad):
-        return self.prev(ops.stack((ops.zeros_like(input_grad), input_grad)))[0]
-
+        return self.prev.exchange(send=input_grad, receive=self.like)

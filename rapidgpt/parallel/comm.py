@@ -3,8 +3,8 @@
 Backends differ in what they offer. Ascend (HCCL) and GPU (NCCL) have every collective natively;
 MindSpore's CPU backend (mccl) has AllReduce-SUM on any group and little else (no MAX, no
 ReduceScatter, no Send/Receive in graphs, AllGather and Broadcast on the world group only; it
-does have the PyNative isend/irecv that PairExchange uses). So each op below
-uses the native primitive where the backend has it and otherwise an EXACT emulation on
+does have the PyNative isend/irecv that PairExchange uses). So each op below uses the native
+primitive where the backend has it and otherwise an EXACT emulation on
 AllReduce-SUM, in which every other rank contributes zeros (x + 0 == x bit for bit):
 
     all_gather(x)       place x in its slot of a zero buffer [n * d0, ...], AllReduce-SUM
@@ -16,7 +16,8 @@ AllReduce-SUM, in which every other rank contributes zeros (x + 0 == x bit for b
                         where MindSpore has no isend/irecv kernel: see PairExchange)
 
 The collectives are `nn.Cell`s, built once per group, so they can be called inside `mindspore.jit`
-graphs and custom-bprop cells; PairExchange is host-side only. Group of size 1: every op is the identity (or a plain slice).
+graphs and custom-bprop cells; PairExchange is host-side only. Group of size 1: every op is the
+identity (or a plain slice).
 """
 import mindspore as ms
 from mindspore import nn, ops
@@ -43,7 +44,7 @@ def init_distributed(device):
     `(rank, world_size)`, `(0, 1)` outside msrun. `device` ("cpu", "gpu", "ascend") decides
     whether collectives are native or emulated."""
     _STATE["native"] = device != "cpu"
-    _STATE["native_p2p"] = device in ("cpu", "ascend")
+    _STATE["native_p2p"] = device in ("cpu", "ascend")          # see PairExchange
     if not launched_by_msrun():
         return 0, 1
     from mindspore.communication import get_group_size, get_rank, init
@@ -203,9 +204,9 @@ class PairExchange:
     two ranks that both send and receive never both wait in a send (on a device stream they would
     deadlock). Measured on CPU (2 processes, a [8, 128, 256] fp32 tensor each way): 8.1 ms, against
     21.9 ms for the all-reduce exchange.
-    Otherwise (GPU: MindSpore 2.10 has no NCCL kernel for these ops) the exact all-reduce exchange:
-    one direction, the sender contributes the tensor and the receiver zeros; both directions, a
-    `[2, ...]` buffer in which each rank fills its own slot.
+    Otherwise (GPU: MindSpore 2.10 documents these ops for Ascend and CPU only) the exact
+    all-reduce exchange: one direction, the sender contributes the tensor and the receiver zeros;
+    both directions, a `[2, ...]` buffer in which each rank fills its own slot.
     """
 
     def __init__(self, group, native=None):

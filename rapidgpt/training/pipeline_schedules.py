@@ -13,10 +13,10 @@ order, seeded with the output gradient received from the next stage. Both are in
 used only in `_recorded` and `_backward` below.
 
 What is compiled (rapidgpt/training/model_transforms.py, compile_pipeline_stage): the stage's
-layers as one `mindspore.jit` graph, and each cell holding a tensor-parallel boundary (the
-vocabulary-parallel embedding, the output layer and loss); the rest of the stage (position
-embeddings, the user's forward hook) runs in PyNative, and the optimizer wrapper is one compiled
-graph. Why: a whole-stage graph cannot see Megatron's `set_input_tensor` (a Python attribute; the
+layers as one `mindspore.jit` graph, each cell holding a tensor-parallel boundary (the
+vocabulary-parallel embedding), the output layer and loss, and the embedding dropout (the last two
+several times faster compiled); the rest of the stage (embedding sums, the user's forward hook)
+runs in PyNative, and the optimizer wrapper is one compiled graph. Why: a whole-stage graph cannot see Megatron's `set_input_tensor` (a Python attribute; the
 AST capture drops assignments inside graphs, and a traced capture returned its gradients in the
 wrong order), while a graph called from a recorded forward keeps its forward's activations for its
 backward (each forward runs once, counted in tests/test_pipeline.py); custom backwards and

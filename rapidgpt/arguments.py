@@ -18,6 +18,7 @@ import sys
 from rapidgpt.data.gpt_dataset import parse_split
 from rapidgpt.config.precision import add_precision_args, check_precision_args
 from rapidgpt.config.recompute import add_recompute_args, check_recompute_args
+from rapidgpt.config.zero import add_zero_args, check_zero_args
 from rapidgpt.flag_parser import ArgumentError, FlagParser, Problems, report_and_exit
 from rapidgpt.msrun_env import launched_by_msrun, launched_world_size
 
@@ -125,10 +126,6 @@ NOT_YET = {
     "later release": [
         ("--num-layers-per-virtual-pipeline-stage", None), ("--decoder-first-pipeline-num-layers", None),
         ("--decoder-last-pipeline-num-layers", None), ("--sequence-parallel", False)],
-    "ZeRO optimizer sharding arrives with the ZeRO release": [
-        ("--use-distributed-optimizer", False), ("--zero-1-memory-optimization", False),
-        ("--zero-2-memory-optimization", False), ("--zero-3-memory-optimization", False),
-        ("--fsdp-memory-optimization", False)],
 }
 
 
@@ -283,7 +280,7 @@ def build_parser(extra_args_provider=None):
                                     "and Rapidformer's names.")
     for add in (_model_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
                 _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
-                _launcher_args, _rapidformer_args, _reserved_args):
+                add_zero_args, _launcher_args, _rapidformer_args, _reserved_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -404,6 +401,7 @@ def validate_args(args, world_size=1, check=None):
         section(args, check, world_size)
     check_precision_args(args, check)
     check_recompute_args(args, check)
+    check_zero_args(args, check)
     if own:
         check.raise_if_any()
     return args

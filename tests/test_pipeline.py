@@ -6,6 +6,7 @@ per step (m = 1 < P), in fp16, with recompute; checkpoints moving between PP=2 x
 process, and between pipeline sizes offline."""
 import json
 import os
+import re
 from pathlib import Path
 
 import mindspore as ms
@@ -13,9 +14,11 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
+from rapidgpt.arguments import padded_vocab_size
 from rapidgpt.config.precision import PrecisionConfig
 from rapidgpt.config.recompute import RecomputeConfig
 from rapidgpt.parallel.pipeline import forward_only, one_f_one_b, stage_layer_range
+from rapidgpt.theoretical_memory import GPTShape, stage_parameters, total_parameters
 from rapidgpt.training.checkpointing import gathered_tensors
 from rapidgpt.training.model_transforms import ModelTransformError, prepare_model
 from rapidgpt.training.pipeline_schedules import StageForward, _backward, _recorded
@@ -107,6 +110,21 @@ def test_pipeline_reproduces_one_process(pipeline_runs, nproc, layout):
     assert_same_run(found, reference)
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
+
+
+def test_rank_0_prints_its_parameters_and_the_memory_estimate(pipeline_runs):
+    """Megatron's parameter line of stage 0 at TP=2 is what the memory estimator counts for it."""
+    _, save, log = pipeline_runs(4, *PP2_TP2)
+    vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
+    def flag(name):
+        return int(FOUR_LAYERS[FOUR_LAYERS.index(name) + 1])
+    h, s = flag("--hidden-size"), flag("--seq-length")
+    shape = GPTShape(flag("--num-layers"), h, flag("--num-attention-heads"), 4 * h, s, s,
+                     padded_vocab_size(vocab_size, flag("--make-vocab-size-divisible-by"), 2))
+    count = int(re.search(r"model parallel rank \(0, 0\): (\d+)", log).group(1))
+    assert count == stage_parameters(shape, 0, 2, 2)
+    assert re.search(r" > theoretical memory per rank \(stage \d of 2, TP=2, DP=1, ZeRO stage 0\): weights .* "
+                     rf"parameters {total_parameters(shape):,} ", log), log[:3000]
 
 
 def test_one_micro_batch_fewer_than_stages(pipeline_runs):

@@ -14,6 +14,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from rapidgpt.global_vars import get_args, get_logger, get_timers
+from rapidgpt.models.gpt import GPTModel
 from rapidgpt.optim import build_lr_scheduler
 from rapidgpt.optim.mixed_precision import wrap_optimizer
 from rapidgpt.parallel.comm import AllGather, sum_over_ranks
@@ -21,6 +22,7 @@ from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import (get_data_parallel_group, get_parallel_state, is_pipeline_first_stage,
                                      is_pipeline_last_stage)
+from rapidgpt.theoretical_memory import startup_line
 from rapidgpt.training.checkpoint_files import start_checkpoint
 from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_pretrained_weights,
                                              save_checkpoint)
@@ -110,6 +112,8 @@ class Trainer:
         count = sum(int(np.prod(p.shape)) for p in model.get_parameters())
         self.logger.info(f" > number of parameters on (tensor, pipeline) model parallel rank "
                          f"({tp_rank}, {pp_rank}): {count}")
+        gpt = isinstance(model, GPTModel)
+        self.logger.info(startup_line(self.args, model.vocab_size if gpt else None, count))
         self.timers("model-and-optimizer-setup").stop()
         return model, optimizer, scheduler
 

@@ -1,0 +1,81 @@
+"""ZeRO optimizer sharding: its flags (Rapidformer's and Megatron's spellings) and its config.
+
+    --zero-1-memory-optimization, --use-distributed-optimizer   stage 1: optimizer state sharded
+    --zero-2-memory-optimization                                stage 2: also the gradients
+    --zero-3-memory-optimization, --fsdp-memory-optimization    stage 3: also the parameters
+
+over each pipeline stage's data-parallel group. Training with a stage > 0 is not in this build
+yet (refused with a message); data_tools/estimate_memory.py already estimates what each stage
+holds (rapidgpt/theoretical_memory.py).
+"""
+from dataclasses import dataclass
+
+STAGE_OF_FLAG = {"--zero-1-memory-optimization": 1, "--use-distributed-optimizer": 1,
+                 "--zero-2-memory-optimization": 2, "--zero-3-memory-optimization": 3,
+                 "--fsdp-memory-optimization": 3}
+
+
+def _dest(flag):
+    return flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """stage: 0 (no sharding) to 3."""
+    stage: int = 0
+
+    @classmethod
+    def from_args(cls, args):
+        """The stage the flags ask for (the highest when several are given; check_zero_args
+        reports a conflict)."""
+        return cls(max([stage for flag, stage in STAGE_OF_FLAG.items() if getattr(args, _dest(flag))] or [0]))
+
+    def describe(self):
+        return f"ZeRO stage {self.stage}" if self.stage else "no ZeRO"
+
+
+def add_zero_args(parser):
+    g = parser.add_argument_group(
+        "ZeRO optimizer sharding",
+        "Shard model states over the data-parallel ranks (not in this build yet: refused; "
+        "data_tools/estimate_memory.py shows the memory each stage would take)")
+    g.add_argument("--zero-1-memory-optimization", action="store_true",
+                   help="ZeRO stage 1: each data-parallel rank keeps its shard of the optimizer state")
+    g.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="Megatron's name for ZeRO stage 1")
+    g.add_argument("--zero-2-memory-optimization", action="store_true",
+                   help="ZeRO stage 2: also the gradients are sharded")
+    g.add_argument("--zero-3-memory-optimization", action="store_true",
+                   help="ZeRO stage 3: also the parameters are sharded")
+    g.add_argument("--fsdp-memory-optimization", action="store_true",
+                   help="Rapidformer's FSDP switch: the same as ZeRO stage 3")
+
+
+def _given(args):
+    return [flag for flag in STAGE_OF_FLAG if getattr(args, _dest(flag))]
+
+
+def _check_one_stage(args, check):
+    given = _given(args)
+    check.require(len({STAGE_OF_FLAG[flag] for flag in given}) <= 1,
+                  f"{given[-1] if given else ''}: {', '.join(given)} ask for different ZeRO stages; give one")
+
+
+def check_zero_args(args, check):
+    """Validate into `check` (a flag_parser.Problems) and set `args.zero` (a ZeroConfig)."""
+    _check_one_stage(args, check)
+    for flag in _given(args):
+        check.add(f"{flag}: not in this build (ZeRO optimizer sharding arrives with the ZeRO release); "
+                  f"remove it. `python data_tools/estimate_memory.py` with your flags shows the memory "
+                  f"per rank it would save")
+    args.zero = ZeroConfig.from_args(args)
+
+
+def take_zero_flags(args, check):
+    """For tools that describe a ZeRO run this build cannot train yet (data_tools/estimate_memory.py):
+    the ZeroConfig the flags ask for, the flags then cleared so that the rest validates."""
+    _check_one_stage(args, check)
+    zero = ZeroConfig.from_args(args)
+    for flag in STAGE_OF_FLAG:
+        setattr(args, _dest(flag), False)
+    return zero

@@ -1,0 +1,286 @@
+"""What a run holds per rank, computed from its flags without allocating anything (Megatron prints
+its "theoretical memory footprints" at start-up; `data_tools/estimate_memory.py` prints this for
+any flags, and every training run prints one line of it). Pure Python: it works for models far
+larger than the machine.
+
+Parameters of the built-in GPT (rapidgpt/models/gpt.py), h hidden, f FFN, V_pad the padded
+vocabulary, s_max the position embeddings, t the tensor-parallel size:
+
+    a layer        QKV 3h^2 + 3h, projection h^2 + h, MLP 2hf + f + h, two LayerNorms 4h
+                   (f = 4h: 12h^2 + 13h); per TP rank the QKV, projection and MLP matrices and the
+                   QKV/fc1 biases are split by t, the other biases and the LayerNorms replicated
+    first stage    word embeddings V_pad*h (split by t), position embeddings s_max*h
+    last stage     final LayerNorm 2h; the output layer: a copy of the word embeddings (tied, kept
+                   in step with the first stage's, not a parameter of its own) or V_pad*h (untied)
+
+The total is the Megatron-LM paper's P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) (Narayanan et
+al. 2021, which counts the position embeddings as s = --seq-length) plus the final LayerNorm's 2h,
+which the formula leaves out.
+
+Model states per rank (Psi = the parameters this rank's stage holds per TP rank, N = the
+data-parallel size), the ZeRO paper's accounting (Rajbhandari et al. 2020) for what RapidGPT keeps:
+
+    weights      Psi x 2 bytes (fp16/bf16) or 4 (fp32);                     ZeRO-3: / N
+    gradients    Psi x 4 bytes when accumulated in fp32 (fp32, bf16, fp16 with
+                 --accumulate-allreduce-grads-in-fp32), else 2;               ZeRO-2, 3: / N
+    optimizer    Adam m and v 8 bytes, SGD momentum 4 (none without momentum), plus the fp32 main
+                 parameters 4 bytes in 16-bit runs;                           ZeRO-1, 2, 3: / N
+
+so 16 Psi bytes for mixed-precision Adam without ZeRO, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N and
+16 Psi/N for stages 1, 2, 3 (a shard is rounded up to whole elements).
+
+Activations per rank, after Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models"), for a micro-batch b, sequence s, a heads, e bytes per activation element (2
+in 16-bit runs, 4 in fp32) and 1 byte per dropout-mask element:
+
+    a layer        s b h (4e + 2) replicated over TP (LayerNorm inputs and outputs, the two
+                   hidden-dropout masks) + s b h (4e + 2 f/h e) / t (Q, K, V, the projection's
+                   input, the MLP's GeLU input and output) + a s^2 b (e + 1 + e) / t (softmax
+                   output, attention-dropout mask and output); with e = 2, f = 4h:
+                   s b h (10 + 24/t) + 5 a s^2 b / t, the paper's formula
+    selective      the attention core is recomputed: no a s^2 b term
+    full           each recomputed chunk keeps only its input s b h e; one chunk's activations are
+                   rebuilt at a time during the backward
+    first stage    the embeddings' output and dropout mask: s b h (e + 1)
+    last stage     the final LayerNorm's input s b h e and the fp32 logits s b V_pad/t x 4
+
+times the micro-batches a stage holds at once: min(P - stage, m) under 1F1B (P pipeline stages,
+m micro-batches per step), one without pipelining. Dropout masks are left out when the dropout
+probability is 0. Memory of the framework itself (workspace, compiled graphs, fragmentation) is not
+included.
+"""
+import math
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    max_position_embeddings: int
+    padded_vocab_size: int
+    tied_embeddings: bool = True
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    data_parallel: int = 1
+    zero_stage: int = 0
+    micro_batch_size: int = 1
+    num_micro_batches: int = 1         # per step and data-parallel rank
+    params_bytes: int = 4              # 2: fp16/bf16
+    grad_bytes: int = 4
+    optimizer_bytes: int = 8           # per parameter, without ZeRO (main copies included)
+    recompute_granularity: Optional[str] = None     # None, "selective", "full"
+    recompute_method: Optional[str] = None          # "uniform", "block"
+    recompute_num_layers: int = 1
+
+
+@dataclass
+class StageMemory:
+    stage: int
+    parameters_per_rank: int
+    weight_bytes_per_rank: int
+    gradient_bytes_per_rank: int
+    optimizer_bytes_per_rank: int
+    activation_bytes_per_rank: int
+    micro_batches_in_flight: int
+
+    @property
+    def total_bytes(self):
+        return (self.weight_bytes_per_rank + self.gradient_bytes_per_rank + self.optimizer_bytes_per_rank
+                + self.activation_bytes_per_rank)
+
+
+@dataclass
+class MemoryEstimate:
+    """The JSON keys of data_tools/estimate_memory.py: the whole model's `parameters`, and per rank
+    those of the stage whose ranks need the most memory (every stage in `stages`)."""
+    parameters: int
+    parameters_per_stage: List[int]
+    parameters_per_rank: int
+    weight_bytes_per_rank: int
+    gradient_bytes_per_rank: int
+    optimizer_bytes_per_rank: int
+    activation_bytes_per_rank: int
+    total_bytes_per_rank: int
+    largest_stage: int
+    stages: List[dict] = field(default_factory=list)
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def layer_parameters(shape, tp=1):
+    """One transformer layer's parameters on one of `tp` tensor-parallel ranks."""
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    split = 3 * h * h + 3 * h + h * h + h * f + f + f * h          # QKV, projection, fc1, fc2 (+ split biases)
+    return split // tp + h + h + 4 * h                             # projection and fc2 biases, 2 LayerNorms
+
+
+def stage_parameters(shape, stage, pp=1, tp=1):
+    """Parameters of pipeline stage `stage` on one tensor-parallel rank."""
+    h = shape.hidden_size
+    count = shape.num_layers // pp * layer_parameters(shape, tp)
+    if stage == 0:
+        count += shape.padded_vocab_size * h // tp + shape.max_position_embeddings * h
+    if stage == pp - 1:
+        count += 2 * h
+        if pp > 1 or not shape.tied_embeddings:          # the output layer's own matrix or the copy
+            count += shape.padded_vocab_size * h // tp
+    return count
+
+
+def total_parameters(shape):
+    """The model's parameters (each once; the tied output layer is the word embeddings)."""
+    return stage_parameters(shape, 0, 1, 1)
+
+
+def megatron_paper_parameters(num_layers, hidden_size, vocab_size, seq_length):
+    """Narayanan et al. 2021, section 5.1: P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h))."""
+    l, h = num_layers, hidden_size
+    return 12 * l * h * h + 13 * l * h + (vocab_size + seq_length) * h
+
+
+def model_state_bytes(psi, layout):
+    """(weights, gradients, optimizer state) bytes of a rank holding `psi` parameters."""
+    n, zero = layout.data_parallel, layout.zero_stage
+    shard = math.ceil(psi / n)
+    return ((shard if zero >= 3 else psi) * layout.params_bytes,
+            (shard if zero >= 2 else psi) * layout.grad_bytes,
+            (shard if zero >= 1 else psi) * layout.optimizer_bytes)
+
+
+def layer_activation_bytes(shape, layout, e):
+    """Activations one micro-batch leaves in one layer, without recompute, on one TP rank."""
+    s, b, h, a = shape.seq_length, layout.micro_batch_size, shape.hidden_size, shape.num_attention_heads
+    t = layout.tensor_parallel
+    hidden_mask = 1 if shape.hidden_dropout > 0 else 0
+    attention_drop = shape.attention_dropout > 0
+    replicated = s * b * h * (4 * e + 2 * hidden_mask)
+    split = s * b * h * (4 * e + 2 * shape.ffn_hidden_size * e // h) / t
+    scores = a * s * s * b * (e + (1 + e if attention_drop else 0)) / t
+    if layout.recompute_granularity == "selective":
+        scores = 0
+    return replicated + split + scores
+
+
+def stage_activation_bytes(shape, layout, stage, e):
+    """Activations of one micro-batch on stage `stage`'s ranks."""
+    s, b, h = shape.seq_length, layout.micro_batch_size, shape.hidden_size
+    layers = shape.num_layers // layout.pipeline_parallel
+    per_layer = layer_activation_bytes(shape, layout, e)
+    if layout.recompute_granularity == "full":
+        n = min(layout.recompute_num_layers, layers)
+        if layout.recompute_method == "block":
+            kept = n * s * b * h * e + (layers - n) * per_layer + (per_layer if n else 0)
+        else:
+            kept = math.ceil(layers / n) * s * b * h * e + n * per_layer
+    else:
+        kept = layers * per_layer
+    if stage == 0:
+        kept += s * b * h * (e + (1 if shape.hidden_dropout > 0 else 0))
+    if stage == layout.pipeline_parallel - 1:
+        kept += s * b * h * e + s * b * shape.padded_vocab_size // layout.tensor_parallel * 4
+    return kept
+
+
+def estimate(shape, layout):
+    """The MemoryEstimate of `shape` (a GPTShape) trained as `layout` (a RunLayout)."""
+    pp, e = layout.pipeline_parallel, layout.params_bytes
+    stages = []
+    for stage in range(pp):
+        psi = stage_parameters(shape, stage, pp, layout.tensor_parallel)
+        in_flight = min(pp - stage, layout.num_micro_batches) if pp > 1 else 1
+        weights, gradients, optimizer = model_state_bytes(psi, layout)
+        stages.append(StageMemory(
+            stage=stage, parameters_per_rank=psi, weight_bytes_per_rank=weights,
+            gradient_bytes_per_rank=gradients, optimizer_bytes_per_rank=optimizer,
+            activation_bytes_per_rank=int(stage_activation_bytes(shape, layout, stage, e) * in_flight),
+            micro_batches_in_flight=in_flight))
+    largest = max(stages, key=lambda st: st.total_bytes)
+    return MemoryEstimate(
+        parameters=total_parameters(shape),
+        parameters_per_stage=[stage_parameters(shape, st, pp, 1) for st in range(pp)],
+        parameters_per_rank=largest.parameters_per_rank,
+        weight_bytes_per_rank=largest.weight_bytes_per_rank,
+        gradient_bytes_per_rank=largest.gradient_bytes_per_rank,
+        optimizer_bytes_per_rank=largest.optimizer_bytes_per_rank,
+        activation_bytes_per_rank=largest.activation_bytes_per_rank,
+        total_bytes_per_rank=largest.total_bytes,
+        largest_stage=largest.stage,
+        stages=[dict(asdict(st), total_bytes_per_rank=st.total_bytes) for st in stages])
+
+
+def optimizer_bytes_per_parameter(optimizer, sgd_momentum, half):
+    """Bytes of optimizer state per parameter without ZeRO: Adam's m and v, SGD's momentum, and
+    in 16-bit runs the fp32 main parameters."""
+    state = 8 if optimizer == "adam" else (4 if sgd_momentum else 0)
+    return state + (4 if half else 0)
+
+
+def layout_from_args(args, zero_stage=None):
+    """The RunLayout of validated training flags (rapidgpt.arguments)."""
+    precision, recompute = args.precision, args.recompute
+    params_bytes = 2 if precision.half else 4
+    return RunLayout(
+        tensor_parallel=args.tensor_model_parallel_size, pipeline_parallel=args.pipeline_model_parallel_size,
+        data_parallel=args.data_parallel_size, zero_stage=args.zero.stage if zero_stage is None else zero_stage,
+        micro_batch_size=args.micro_batch_size, num_micro_batches=args.num_micro_batches,
+        params_bytes=params_bytes,
+        grad_bytes=4 if precision.accumulate_allreduce_grads_in_fp32 else params_bytes,
+        optimizer_bytes=optimizer_bytes_per_parameter(args.optimizer, args.sgd_momentum, precision.half),
+        recompute_granularity=recompute.granularity, recompute_method=recompute.method,
+        recompute_num_layers=recompute.num_layers or 1)
+
+
+def shape_from_args(args, vocab_size):
+    """The GPTShape of the model flags, `vocab_size` the tokenizer's (or --vocab-size)."""
+    from rapidgpt.arguments import padded_vocab_size
+    return GPTShape(
+        num_layers=args.num_layers, hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,
+        ffn_hidden_size=args.ffn_hidden_size, seq_length=args.seq_length,
+        max_position_embeddings=args.max_position_embeddings,
+        padded_vocab_size=padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by,
+                                            args.tensor_model_parallel_size),
+        tied_embeddings=not args.untie_embeddings_and_output_weights,
+        hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout)
+
+
+def format_bytes(n):
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _where(layout, stage):
+    return (f"stage {stage} of {layout.pipeline_parallel}, TP={layout.tensor_parallel}, "
+            f"DP={layout.data_parallel}, ZeRO stage {layout.zero_stage}")
+
+
+def startup_line(args, gpt_vocab_size=None, parameters_on_rank=None):
+    """Rank 0's start-up line (where Megatron prints its theoretical memory footprints): the
+    built-in GPT's estimate when `gpt_vocab_size` is given, else the model states of a rank with
+    `parameters_on_rank` parameters (activations depend on a model this module does not know)."""
+    layout = layout_from_args(args)
+    if gpt_vocab_size is None:
+        weights, gradients, optimizer = model_state_bytes(parameters_on_rank, layout)
+        return (f" > theoretical memory per rank ({_where(layout, 0)}): weights {format_bytes(weights)}, "
+                f"gradients {format_bytes(gradients)}, optimizer {format_bytes(optimizer)} for its "
+                f"{parameters_on_rank:,} parameters; activations not estimated (not the built-in GPT)")
+    result = estimate(shape_from_args(args, gpt_vocab_size), layout)
+    return (f" > theoretical memory per rank ({_where(layout, result.largest_stage)}): "
+            f"weights {format_bytes(result.weight_bytes_per_rank)}, gradients "
+            f"{format_bytes(result.gradient_bytes_per_rank)}, optimizer {format_bytes(result.optimizer_bytes_per_rank)}, "
+            f"activations {format_bytes(result.activation_bytes_per_rank)}, total "
+            f"{format_bytes(result.total_bytes_per_rank)}; parameters {result.parameters:,} "
+            f"(per stage {', '.join(f'{p:,}' for p in result.parameters_per_stage)})")

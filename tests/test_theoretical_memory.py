@@ -1,0 +1,112 @@
+"""The memory estimator (rapidgpt/theoretical_memory.py, data_tools/estimate_memory.py) against
+the papers' formulas and against the parameters the built-in GPT really has."""
+import json
+import math
+import sys
+
+import pytest
+
+sys.path.insert(0, "data_tools")
+import estimate_memory  # noqa: E402
+
+from rapidgpt.theoretical_memory import (GPTShape, RunLayout, layer_activation_bytes,  # noqa: E402
+                                         megatron_paper_parameters, model_state_bytes, stage_parameters)
+
+# Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters"), Table 1:
+# (billions of parameters as printed, attention heads, hidden size, layers); V = 51,200, s = 2,048.
+MEGATRON_TABLE_1 = [(1.7, 24, 2304, 24), (3.6, 32, 3072, 30), (7.5, 32, 4096, 36), (18.4, 48, 6144, 40),
+                    (39.1, 64, 8192, 48), (76.1, 80, 10240, 60), (145.6, 96, 12288, 80), (310.1, 128, 16384, 96),
+                    (529.6, 128, 20480, 105), (1008.0, 160, 25600, 128)]
+
+
+def estimate_json(capsys, *flags):
+    assert estimate_memory.main([*flags, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def paper_formula(l, h, V, s):
+    """P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)), written as in the paper."""
+    return 12 * l * h ** 2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+
+
+@pytest.mark.parametrize("billions, heads, hidden, layers", MEGATRON_TABLE_1)
+def test_parameters_of_the_megatron_table_1_models(capsys, billions, heads, hidden, layers):
+    found = estimate_json(capsys, "--num-layers", str(layers), "--hidden-size", str(hidden), "--num-attention-heads",
+                          str(heads), "--seq-length", "2048", "--vocab-size", "51200", "--world-size", "1")
+    formula = paper_formula(layers, hidden, 51200, 2048)
+    assert round(formula / 1e9, 1) == pytest.approx(billions, abs=0.11)      # the table's rounding
+    assert megatron_paper_parameters(layers, hidden, 51200, 2048) == round(formula)
+    # The formula leaves out the final LayerNorm (2h); everything else is counted alike.
+    assert found["parameters"] == round(formula) + 2 * hidden
+
+
+def test_zero_paper_example_model_states(capsys):
+    """ZeRO paper, Figure 1: Psi = 7.5B, N = 64, mixed-precision Adam (K = 12): 120 / 31.4 / 16.6 /
+    1.9 GB per device for no ZeRO and stages 1, 2, 3."""
+    fp16 = RunLayout(data_parallel=64, params_bytes=2, grad_bytes=2, optimizer_bytes=12)
+    gigabytes = [sum(model_state_bytes(7.5e9, RunLayout(**{**fp16.__dict__, "zero_stage": z}))) / 1e9
+                 for z in range(4)]
+    assert [round(g, 1) for g in gigabytes] == [120.0, 31.4, 16.6, 1.9]
+    # Through the command line, for a GPT of about 7.5B parameters: the paper's formulas at its Psi.
+    flags = ["--num-layers", "36", "--hidden-size", "4096", "--num-attention-heads", "32", "--seq-length", "1024",
+             "--vocab-size", "51200", "--fp16", "--world-size", "64"]
+    psi = estimate_json(capsys, *flags)["parameters"]
+    assert psi == pytest.approx(7.5e9, rel=0.01)
+    n = 64
+    for formula, extra in zip((16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n),
+                              ([], ["--zero-1-memory-optimization"], ["--zero-2-memory-optimization"],
+                               ["--zero-3-memory-optimization"])):
+        found = estimate_json(capsys, *flags, *extra)
+        states = found["weight_bytes_per_rank"] + found["gradient_bytes_per_rank"] + found["optimizer_bytes_per_rank"]
+        assert states == pytest.approx(formula, abs=16)           # a shard rounds up to whole elements
+
+
+def test_megatron_and_fsdp_spellings_and_the_sharded_layout(capsys):
+    base = ["--num-layers", "8", "--hidden-size", "512", "--num-attention-heads", "8", "--seq-length", "256",
+            "--vocab-size", "1000", "--world-size", "8", "--tensor-model-parallel-size", "2",
+            "--pipeline-model-parallel-size", "2"]
+    assert estimate_json(capsys, *base, "--use-distributed-optimizer") == \
+        estimate_json(capsys, *base, "--zero-1-memory-optimization")
+    found = estimate_json(capsys, *base, "--fsdp-memory-optimization")
+    assert found == estimate_json(capsys, *base, "--zero-3-memory-optimization")
+    shape = GPTShape(8, 512, 8, 2048, 256, 256, 1024)          # 1000 padded to 128 x TP 2
+    psi = [stage_parameters(shape, stage, 2, 2) for stage in (0, 1)]
+    assert [st["parameters_per_rank"] for st in found["stages"]] == psi
+    for st in found["stages"]:          # fp32 AdamW, DP = 8 / (2 x 2) = 2, everything sharded
+        shard = math.ceil(st["parameters_per_rank"] / 2)
+        assert (st["weight_bytes_per_rank"], st["gradient_bytes_per_rank"], st["optimizer_bytes_per_rank"]) == \
+            (4 * shard, 4 * shard, 8 * shard)
+
+
+def test_activations_follow_korthikanti_et_al():
+    """Reducing Activation Recomputation, Table 2: s b h (10 + 24/t) + 5 a s^2 b / t bytes per layer
+    with tensor parallelism (16-bit, dropout), s b h (10 + 24/t) with selective recompute."""
+    shape = GPTShape(24, 2304, 24, 4 * 2304, 2048, 2048, 51200)
+    s, b, h, a = 2048, 4, 2304, 24
+    for t in (1, 2, 8):
+        layout = RunLayout(tensor_parallel=t, micro_batch_size=b, params_bytes=2)
+        assert layer_activation_bytes(shape, layout, 2) == pytest.approx(s * b * h * (10 + 24 / t) + 5 * a * s * s * b / t)
+        selective = RunLayout(**{**layout.__dict__, "recompute_granularity": "selective"})
+        assert layer_activation_bytes(shape, selective, 2) == pytest.approx(s * b * h * (10 + 24 / t))
+
+
+def test_the_built_in_gpt_has_the_estimated_parameters(capsys):
+    from rapidgpt.arguments import parse_args
+    from rapidgpt.models.gpt import build_gpt_model
+    for untie in ([], ["--untie-embeddings-and-output-weights"]):
+        flags = ["--num-layers", "3", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+                 "--max-position-embeddings", "48", "--ffn-hidden-size", "96", "--vocab-size", "300", *untie]
+        model = build_gpt_model(parse_args(argv=flags + ["--train-iters", "1"]), 300)
+        real = sum(math.prod(p.shape) for p in model.get_parameters())
+        assert estimate_json(capsys, *flags)["parameters"] == real
+
+
+def test_bad_flags_are_named(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        estimate_memory.main(["--num-layers", "2", "--zero-2-memory-optimization", "--zero-3-memory-optimization",
+                              "--vocab-size", "10"])
+    assert exit_.value.code == 2
+    assert "ask for different ZeRO stages; give one" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        estimate_memory.main(["--num-layers", "2"])
+    assert "--vocab-size: give it, or the tokenizer flags" in capsys.readouterr().err

@@ -2,11 +2,12 @@
 the papers' formulas and against the parameters the built-in GPT really has."""
 import json
 import math
+import os
 import sys
 
 import pytest
 
-sys.path.insert(0, "data_tools")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data_tools"))
 import estimate_memory  # noqa: E402
 
 from rapidgpt.theoretical_memory import (GPTShape, RunLayout, layer_activation_bytes,  # noqa: E402

@@ -25,9 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mindspore as ms  # noqa: E402
 
-from rapidgpt.arguments import padded_vocab_size  # noqa: E402
 from rapidgpt.models.gpt import gpt_stages_of  # noqa: E402
 from rapidgpt.parallel.resharding import split_for_rank  # noqa: E402
+from rapidgpt.tokenizer import padded_vocab_size  # noqa: E402
 from rapidgpt.training.checkpoint_files import (METADATA, STATE, WEIGHTS, CheckpointError,  # noqa: E402
                                                 file_record, file_records, find_checkpoint,
                                                 fsync_path, iteration_dir,

@@ -655,9 +655,3 @@ def _check_generation(args, check, world_size):
     check.require(0.0 <= args.top_p <= 1.0, f"--top-p: must be in [0, 1] (0: off), got {args.top_p}")
     check.require(args.prompts_file is None or os.path.isfile(args.prompts_file),
                   f"--prompts-file: {args.prompts_file}: no such file; check the path")
-
-
-def padded_vocab_size(vocab_size, divisible_by, tensor_parallel_size=1):
-    """Megatron's padding: round up to a multiple of divisible_by x TP (fast, evenly split GEMMs)."""
-    multiple = divisible_by * tensor_parallel_size
-    return int(math.ceil(vocab_size / multiple) * multiple)

@@ -244,7 +244,7 @@ def layout_from_args(args, zero_stage=None):
 
 def shape_from_args(args, vocab_size):
     """The GPTShape of the model flags, `vocab_size` the tokenizer's (or --vocab-size)."""
-    from rapidgpt.arguments import padded_vocab_size
+    from rapidgpt.tokenizer import padded_vocab_size
     return GPTShape(
         num_layers=args.num_layers, hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,
         ffn_hidden_size=args.ffn_hidden_size, seq_length=args.seq_length,

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from rapidgpt.arguments import ArgumentError, build_parser, padded_vocab_size, parse_args, validate_args
+from rapidgpt.arguments import ArgumentError, build_parser, parse_args, validate_args
 from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.models.gpt import build_gpt_model, lm_loss_func
 from rapidgpt.optim import OptimizerWrapper
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import ParallelState
+from rapidgpt.tokenizer import padded_vocab_size
 from rapidgpt.training.finetuner import Finetuner
 from rapidgpt.training.pretrainer import Pretrainer, next_batch
 from rapidgpt.training.reporting import training_log_line, validation_lines

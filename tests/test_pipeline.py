@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
-from rapidgpt.arguments import padded_vocab_size
 from rapidgpt.config.precision import PrecisionConfig
 from rapidgpt.config.recompute import RecomputeConfig
 from rapidgpt.parallel.pipeline import forward_only, one_f_one_b, stage_layer_range
 from rapidgpt.theoretical_memory import GPTShape, stage_parameters, total_parameters
+from rapidgpt.tokenizer import padded_vocab_size
 from rapidgpt.training.checkpointing import gathered_tensors
 from rapidgpt.training.model_transforms import ModelTransformError, prepare_model
 from rapidgpt.training.pipeline_schedules import StageForward, _backward, _recorded

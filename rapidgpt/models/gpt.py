@@ -23,7 +23,6 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 import numpy as np
 
-from rapidgpt.arguments import padded_vocab_size
 from rapidgpt.models.transformer import LayerNorm, ParallelTransformerLayer, TransformerConfig, TransformerLayers
 from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy
 from rapidgpt.parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
@@ -32,6 +31,7 @@ from rapidgpt.parallel.pipeline import stage_layer_range
 from rapidgpt.parallel.random import Dropout, ParamInit, graph_arange
 from rapidgpt.parallel.state import (get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
                                      get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size)
+from rapidgpt.tokenizer import padded_vocab_size
 
 
 class PositionEmbedding(nn.Cell):

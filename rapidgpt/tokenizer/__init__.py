@@ -1,9 +1,12 @@
-"""Tokenizers with Megatron's interface, and `build_tokenizer` to pick one from the flags."""
+"""Tokenizers with Megatron's interface, `build_tokenizer` to pick one from the flags, and the
+embedding rows a vocabulary is padded to."""
+import math
+
 from rapidgpt.tokenizer.bert_wordpiece import BertWordPieceTokenizer
 from rapidgpt.tokenizer.bpe_trainer import save_gpt2_format, train_byte_level_bpe
 from rapidgpt.tokenizer.gpt2_bpe import GPT2BPETokenizer
 
-__all__ = ["BertWordPieceTokenizer", "GPT2BPETokenizer", "build_tokenizer",
+__all__ = ["BertWordPieceTokenizer", "GPT2BPETokenizer", "build_tokenizer", "padded_vocab_size",
            "save_gpt2_format", "train_byte_level_bpe"]
 
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase")
@@ -27,3 +30,10 @@ def build_tokenizer(args):
                              f"the merges.txt that goes with --vocab-file")
         return GPT2BPETokenizer(vocab_file, merge_file)
     return BertWordPieceTokenizer(vocab_file, lower_case=(kind == "BertWordPieceLowerCase"))
+
+
+def padded_vocab_size(vocab_size, divisible_by, tensor_parallel_size=1):
+    """Megatron's padding of the embedding rows (--make-vocab-size-divisible-by): round up to a
+    multiple of divisible_by x TP (fast, evenly split GEMMs)."""
+    multiple = divisible_by * tensor_parallel_size
+    return int(math.ceil(vocab_size / multiple) * multiple)

@@ -193,6 +193,6 @@ def test_classification_data_error_is_one_line(env, demo, tmp_path):
 
 
 def test_flag_not_in_this_build(env):
-    result = run(["--task", "pretraining", "--use-distributed-optimizer"], env, timeout=120)
+    result = run(["--task", "pretraining", "--zero-2-memory-optimization"], env, timeout=120)
     assert result.returncode == 2
-    assert "rapidgpt: error: --use-distributed-optimizer: not in this build" in result.stderr
+    assert "rapidgpt: error: --zero-2-memory-optimization: not in this build" in result.stderr

@@ -4,9 +4,9 @@
     --zero-2-memory-optimization                                stage 2: also the gradients
     --zero-3-memory-optimization, --fsdp-memory-optimization    stage 3: also the parameters
 
-over each pipeline stage's data-parallel group. Training with a stage > 0 is not in this build
-yet (refused with a message); data_tools/estimate_memory.py already estimates what each stage
-holds (rapidgpt/theoretical_memory.py).
+over each pipeline stage's data-parallel group. Stage 1 trains (rapidgpt/optim/distributed_optimizer.py);
+stages 2 and 3 are not in this build yet (refused with a message); data_tools/estimate_memory.py
+estimates what every stage holds (rapidgpt/theoretical_memory.py).
 """
 from dataclasses import dataclass
 
@@ -37,8 +37,8 @@ class ZeroConfig:
 def add_zero_args(parser):
     g = parser.add_argument_group(
         "ZeRO optimizer sharding",
-        "Shard model states over the data-parallel ranks (not in this build yet: refused; "
-        "data_tools/estimate_memory.py shows the memory each stage would take)")
+        "Shard model states over the data-parallel ranks. Stage 1 trains; stages 2 and 3 are not in this "
+        "build yet (refused). data_tools/estimate_memory.py shows the memory each stage takes")
     g.add_argument("--zero-1-memory-optimization", action="store_true",
                    help="ZeRO stage 1: each data-parallel rank keeps its shard of the optimizer state")
     g.add_argument("--use-distributed-optimizer", action="store_true",
@@ -65,9 +65,10 @@ def check_zero_args(args, check):
     """Validate into `check` (a flag_parser.Problems) and set `args.zero` (a ZeroConfig)."""
     _check_one_stage(args, check)
     for flag in _given(args):
-        check.add(f"{flag}: not in this build (ZeRO optimizer sharding arrives with the ZeRO release); "
-                  f"remove it. `python data_tools/estimate_memory.py` with your flags shows the memory "
-                  f"per rank it would save")
+        check.require(STAGE_OF_FLAG[flag] == 1,
+                      f"{flag}: not in this build (ZeRO stages 2 and 3 arrive with a later release; stage 1, "
+                      f"--zero-1-memory-optimization, is here); `python data_tools/estimate_memory.py` with "
+                      f"your flags shows the memory per rank each stage takes")
     args.zero = ZeroConfig.from_args(args)
 
 

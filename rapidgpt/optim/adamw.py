@@ -21,6 +21,13 @@ def megatron_no_decay(param):
     return param.name.endswith("bias") or param.ndim <= 1
 
 
+def weight_decays_of(params, weight_decay, no_decay_filter=None):
+    """Each parameter's weight decay: `weight_decay`, or 0 where `no_decay_filter` (default
+    megatron_no_decay) says so."""
+    no_decay = no_decay_filter or megatron_no_decay
+    return tuple(0.0 if no_decay(p) else float(weight_decay) for p in params)
+
+
 class _Optimizer(nn.Cell):
     """What AdamW and SGD share: the parameter tuple, per-parameter weight decay, the lr Parameter."""
 
@@ -37,18 +44,18 @@ class _Optimizer(nn.Cell):
             raise ValueError(f"parameter names must be unique, repeated: {duplicates}")
         if lr < 0 or weight_decay < 0:
             raise ValueError(f"--lr ({lr}) and --weight-decay ({weight_decay}) must be >= 0")
-        no_decay = no_decay_filter or megatron_no_decay
         # Python floats: constants folded into the compiled graph.
-        self.weight_decays = tuple(0.0 if no_decay(p) else float(weight_decay) for p in self.parameters)
+        self.weight_decays = weight_decays_of(self.parameters, weight_decay, no_decay_filter)
         self.learning_rate = Parameter(Tensor(lr, ms.float32), name="learning_rate", requires_grad=False)
 
-    def with_parameters(self, params):
+    def with_parameters(self, params, weight_decays=None):
         """This optimizer (hyper-parameters, each parameter's weight decay) over `params`, which
-        correspond one to one to `self.parameters` (e.g. their fp32 main copies under --fp16)."""
+        correspond one to one to `self.parameters` (e.g. their fp32 main copies under --fp16), or
+        have their own `weight_decays` (pieces of the parameters under ZeRO)."""
         twin = type(self)(params, **self.hyperparameters)
-        if len(twin.parameters) != len(self.parameters):
+        if weight_decays is None and len(twin.parameters) != len(self.parameters):
             raise ValueError(f"with_parameters: {len(params)} parameters for an optimizer of {len(self.parameters)}")
-        twin.weight_decays = self.weight_decays
+        twin.weight_decays = self.weight_decays if weight_decays is None else tuple(weight_decays)
         return twin
 
     def _update_lr(self, lr):

@@ -22,7 +22,7 @@ step. Main parameters: in fp32 runs the model's own parameters; in 16-bit runs f
 (`main_params.<name>`) that the inner optimizer and its fp32 state (Adam's moments) belong to,
 as in Megatron's Float16OptimizerWithFloat16Params. Model states per parameter are then 2 bytes
 (16-bit weight) + 2 (16-bit gradient) + 4 (fp32 main weight) + 8 (fp32 Adam moments), the 16
-bytes of the ZeRO paper; the ZeRO release shards the last 12.
+bytes of the ZeRO paper; ZeRO stage 1 (rapidgpt/optim/distributed_optimizer.py) shards the last 12.
 
 Checkpoints hold each model parameter's fp32 value (the main copy in 16-bit runs) under the
 model parameter's name, and the optimizer state under the names an fp32 run gives it, so a
@@ -58,13 +58,7 @@ class OptimizerWrapper(nn.Cell):
         super().__init__(auto_prefix=False)
         self.parameters = ParameterTuple(model_params)
         self.half = precision.half
-        if self.half:
-            self.main_params = ParameterTuple(
-                Parameter(p.value().astype(ms.float32), name=MAIN_PARAMS_PREFIX + p.name, requires_grad=False)
-                for p in self.parameters)
-        else:
-            self.main_params = self.parameters
-        self.optimizer = make_optimizer(self.main_params)
+        self._build_main_params(make_optimizer)
         self.grad_scaler = build_grad_scaler(precision)
         self.clip_grad = clip_grad
         first = get_tensor_model_parallel_rank() == 0
@@ -72,6 +66,16 @@ class OptimizerWrapper(nn.Cell):
                              and not getattr(p, "pipeline_shared_copy", False) for p in self.parameters)
         group = get_model_parallel_group()
         self.model_parallel_sum = comm.AllReduce(group) if comm.group_size(group) > 1 else None
+
+    def _build_main_params(self, make_optimizer):
+        """The parameters the inner optimizer steps (`main_params`) and the inner optimizer."""
+        if self.half:
+            self.main_params = ParameterTuple(
+                Parameter(p.value().astype(ms.float32), name=MAIN_PARAMS_PREFIX + p.name, requires_grad=False)
+                for p in self.parameters)
+        else:
+            self.main_params = self.parameters
+        self.optimizer = make_optimizer(self.main_params)
 
     @classmethod
     def around(cls, optimizer, clip_grad=0.0, precision=None):
@@ -115,6 +119,15 @@ class OptimizerWrapper(nn.Cell):
                 ops.assign(model_param, ops.cast(ops.depend(main_param, done), model_param.dtype))
         return done
 
+    def held_bytes(self):
+        """(bytes of the model's parameters, bytes of the main parameters and optimizer state kept
+        beside them) on this rank: what the memory estimate's weights and optimizer terms count
+        (rapidgpt/theoretical_memory.py)."""
+        model_ids = {id(p) for p in self.parameters}
+        state = {id(p): p for p in list(self.main_params) + list(self.optimizer.get_parameters())
+                 if id(p) not in model_ids}
+        return sum(p.nbytes for p in self.parameters), sum(p.nbytes for p in state.values())
+
     # -- checkpoints ----------------------------------------------------------------------------
 
     def checkpoint_tensors(self, with_state):
@@ -153,6 +166,9 @@ def wrap_optimizer(optimizer, model, args):
     optimizer is rebuilt over them with `optimizer.with_parameters` (RapidGPT's AdamW and SGD have it).
     """
     precision = args.precision
+    zero = getattr(args, "zero", None)
+    if zero is not None and zero.stage >= 1:
+        return _sharded_wrapper(optimizer, model, args)
     if optimizer is None:
         return OptimizerWrapper(model.trainable_params(), lambda main_params: build_optimizer(args, main_params),
                                 precision, args.clip_grad)
@@ -162,3 +178,27 @@ def wrap_optimizer(optimizer, model, args):
                         f"rebuilt over fp32 main parameters; return rapidgpt.optim.AdamW/SGD, or None to "
                         f"build one from the flags")
     return OptimizerWrapper.around(optimizer, args.clip_grad, precision)
+
+
+def _sharded_wrapper(optimizer, model, args):
+    """ZeRO stage 1: the inner optimizer (the flags', or the user's rebuilt) over this rank's
+    pieces of the main parameters (rapidgpt/optim/distributed_optimizer.py)."""
+    from rapidgpt.optim.adamw import weight_decays_of
+    from rapidgpt.optim.distributed_optimizer import DistributedOptimizerWrapper
+    if optimizer is None:
+        params = model.trainable_params()
+        decays = weight_decays_of(params, args.weight_decay)
+
+        def make(pieces, piece_decays):
+            inner = build_optimizer(args, pieces)
+            inner.weight_decays = piece_decays
+            return inner
+    else:
+        if not hasattr(optimizer, "with_parameters"):
+            raise OptimizerRebuildError(
+                f"--zero-1-memory-optimization (--use-distributed-optimizer): the {type(optimizer).__name__} from "
+                f"model_optimizer_lr_scheduler_provider cannot be rebuilt over this rank's shard of the "
+                f"parameters; return rapidgpt.optim.AdamW/SGD, or None to build one from the flags")
+        params, decays = list(optimizer.parameters), optimizer.weight_decays
+        make = optimizer.with_parameters
+    return DistributedOptimizerWrapper(params, make, decays, args.precision, args.clip_grad)

@@ -111,6 +111,9 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
     tmp = temporary_dir(save, iteration)
     tp_rank, dp_rank, pp_rank = state.coordinates()
     params = _named_parameters(model, optimizer, not args.no_save_optim)
+    # ZeRO's sharded state (rapidgpt/optim/distributed_optimizer.py) is gathered whole by every
+    # data-parallel rank: the checkpoint holds what an unsharded run saves.
+    params = {name: p.whole_value() if hasattr(p, "whole_value") else p for name, p in params.items()}
 
     def write_shard():
         rank_dir = os.path.join(tmp, rank_dir_name(tp_rank, pp_rank, state.pipeline_model_parallel_size))

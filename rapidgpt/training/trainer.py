@@ -128,6 +128,9 @@ class Trainer:
                                     "rapidgpt.optim.AdamW/SGD or return None to build one from the flags")
         self.timers("model-and-optimizer-setup").start()
         optimizer = wrap_optimizer(optimizer, model, self.args)
+        weights, state = optimizer.held_bytes()
+        self.logger.info(f" > model states held on this rank: weights {weights} bytes, main parameters and "
+                         f"optimizer state {state} bytes")
         if scheduler is None:
             scheduler = build_lr_scheduler(self.args)
         self.timers("model-and-optimizer-setup").stop()

@@ -1,0 +1,161 @@
+"""ZeRO stage 1 (Megatron's distributed optimizer, `--use-distributed-optimizer`): each
+data-parallel rank keeps the fp32 main parameters and the optimizer state of 1/N of the model,
+steps them, and the updated parameters are all-gathered.
+
+Layout (ShardPlan): the model's parameters laid end to end, in order, as one flat vector of Psi
+elements padded to N x S (S = ceil(Psi / N)); data-parallel rank r owns elements [r S, (r+1) S):
+of every parameter, the piece of its flattened elements that falls in that range (a parameter
+may be cut between two ranks). The pieces are fp32 Parameters (`zero_shard.<name>`, 1-D) that
+the inner optimizer (RapidGPT's AdamW or SGD, rebuilt over them, each piece decayed as the
+parameter it is cut from) steps. Both optimizers are elementwise, so every element gets the very
+update an unsharded run computes.
+
+A step: the wrapper's unscale, norm, overflow check and clip see the whole data-parallel-averaged
+gradients, as without ZeRO (rapidgpt/optim/mixed_precision.py); each rank then steps its pieces
+with its pieces of the gradients, and one all-gather of the [N x S] fp32 vector over the
+data-parallel group (rapidgpt.parallel.comm: native on HCCL/NCCL, exact on CPU) gives every
+model parameter its updated elements (cast to 16 bits in fp16/bf16 runs).
+
+Memory per rank: weights and gradients as without ZeRO, main parameters and optimizer state
+1/N: 2 Psi + 2 Psi + 12 Psi / N bytes for mixed-precision Adam (the ZeRO paper's 4 Psi + 12 Psi / N);
+in fp32 runs 4 Psi + 4 Psi + 12 Psi / N (MindSpore has no Parameter that is a view of another, so
+the fp32 pieces are copies of the model's elements).
+
+Checkpoints hold the same tensors as without ZeRO (each parameter's fp32 value and its optimizer
+state under the parameter's name, whole): `checkpoint_tensors` returns ShardedState entries
+that are gathered when saved and cut to this rank's pieces when loaded, so a checkpoint resumes at
+any data-parallel size, with or without ZeRO.
+"""
+import math
+
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, ops
+
+from rapidgpt.optim.mixed_precision import OptimizerWrapper
+from rapidgpt.parallel import comm
+from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size
+
+PIECE_PREFIX = "zero_shard."
+
+
+class ShardPlan:
+    """Which elements of which parameters data-parallel rank `rank` of `size` owns: `pieces`, a
+    tuple of (parameter index, first, end) over the parameter's flattened elements; `offsets[i]`
+    where parameter i starts in the flat vector; `shard` = S."""
+
+    def __init__(self, shapes, size, rank):
+        counts = [math.prod(shape) for shape in shapes]
+        self.offsets = [sum(counts[:i]) for i in range(len(counts))]
+        self.total = sum(counts)
+        self.shard = math.ceil(self.total / size)
+        start, end = rank * self.shard, (rank + 1) * self.shard
+        self.pieces = tuple((i, max(start, a) - a, min(end, a + n) - a)
+                            for i, (a, n) in enumerate(zip(self.offsets, counts)) if a < end and a + n > start)
+        self.padding = self.shard - sum(hi - lo for _, lo, hi in self.pieces)
+
+
+class _Kind:
+    """One kind of sharded tensor (the main parameters, Adam's m, ...): this rank's piece
+    Parameters in plan order, gathered into whole per-parameter values at most once."""
+
+    def __init__(self, wrapper, pieces):
+        self.wrapper, self.pieces, self._whole = wrapper, pieces, None
+
+    def whole(self, i):
+        if self._whole is None:
+            self._whole = self.wrapper.gather_pieces(tuple(p.value() for p in self.pieces))
+        return self._whole[i]
+
+
+class ShardedState:
+    """A checkpoint tensor of which this rank holds pieces: `whole_value()` (called on every
+    data-parallel rank when saving) is the whole value; `set_data(whole)` (loading) keeps this
+    rank's pieces of it."""
+
+    def __init__(self, kind, index, shape):
+        self.kind, self.index, self.shape, self.dtype = kind, index, tuple(shape), ms.float32
+
+    def whole_value(self):
+        return self.kind.whole(self.index)
+
+    def set_data(self, value):
+        flat = value.astype(ms.float32).asnumpy().reshape(-1)
+        for piece, (i, lo, hi) in zip(self.kind.pieces, self.kind.wrapper.plan.pieces):
+            if i == self.index:
+                piece.set_data(Tensor(flat[lo:hi].copy()))
+
+
+class DistributedOptimizerWrapper(OptimizerWrapper):
+    """OptimizerWrapper with ZeRO stage 1 (see the module docstring). `make_optimizer(params,
+    weight_decays)` builds the inner optimizer over the pieces; `weight_decays`: each model
+    parameter's (the pieces inherit them)."""
+
+    def __init__(self, model_params, make_optimizer, weight_decays, precision, clip_grad):
+        self.owner_decays = tuple(weight_decays)
+        super().__init__(model_params, make_optimizer, precision, clip_grad)
+
+    def _build_main_params(self, make_optimizer):
+        group = get_data_parallel_group()
+        self.plan = ShardPlan([tuple(p.shape) for p in self.parameters], get_data_parallel_world_size(),
+                              get_data_parallel_rank())
+        if not self.plan.pieces:
+            raise ValueError(f"ZeRO: the model's {self.plan.total} parameters are too few to give each of "
+                             f"{get_data_parallel_world_size()} data-parallel ranks a piece")
+        self.main_params = ParameterTuple(
+            Parameter(Tensor(self.parameters[i].value().astype(ms.float32).asnumpy().reshape(-1)[lo:hi].copy()),
+                      name=PIECE_PREFIX + self.parameters[i].name, requires_grad=False)
+            for i, lo, hi in self.plan.pieces)
+        self.optimizer = make_optimizer(self.main_params, tuple(self.owner_decays[i] for i, _, _ in self.plan.pieces))
+        self.all_gather = comm.AllGather(group, axis=0)
+        self.shapes = tuple(tuple(p.shape) for p in self.parameters)
+
+    def gather_pieces(self, pieces):
+        """Every model parameter's whole value (fp32, in model order) from this rank's `pieces` (one
+        tensor per piece, in plan order) and the other data-parallel ranks'."""
+        parts = list(pieces)
+        if self.plan.padding:
+            parts.append(ops.zeros((self.plan.padding,), ms.float32))
+        flat = self.all_gather(ops.cat(parts))
+        return tuple(flat[a:a + math.prod(shape)].reshape(shape) for a, shape in zip(self.plan.offsets, self.shapes))
+
+    def step(self, grads, lr):
+        piece_grads = tuple(grads[i].reshape(-1)[lo:hi] for i, lo, hi in self.plan.pieces)
+        done = self.optimizer(piece_grads, lr)
+        whole = self.gather_pieces(tuple(ops.depend(p, done) for p in self.main_params))
+        for model_param, value in zip(self.parameters, whole):
+            ops.assign(model_param, ops.cast(value, model_param.dtype))
+        return done
+
+    # -- checkpoints: the tensors an unsharded run saves, whole ----------------------------------
+
+    def checkpoint_tensors(self, with_state):
+        """{checkpoint name: ShardedState or Parameter}: each model parameter's fp32 value (its main
+        pieces) and with `with_state` the optimizer state of each (Adam's m and v, SGD's momentum)
+        under the names an unsharded fp32 run gives them, then the unsharded state (step, lr,
+        loss scaler)."""
+        tensors = self._sharded(self.main_params, "")
+        if with_state:
+            position = {p.name: k for k, p in enumerate(self.main_params)}
+            by_prefix = {}
+            for p in self.optimizer.get_parameters():
+                prefix, sep, rest = p.name.partition(PIECE_PREFIX)
+                if not sep:
+                    tensors[p.name] = p                     # step count, learning rate
+                elif prefix:                                # "adam_m.", ...; not the pieces themselves
+                    by_prefix.setdefault(prefix, []).append((position[PIECE_PREFIX + rest], p))
+            for prefix, pieces in by_prefix.items():
+                tensors.update(self._sharded([p for _, p in sorted(pieces, key=lambda x: x[0])], prefix))
+            if self.grad_scaler is not None:
+                tensors.update({p.name: p for p in self.grad_scaler.get_parameters()})
+        return tensors
+
+    def _sharded(self, pieces, prefix):
+        kind = _Kind(self, tuple(pieces))
+        return {prefix + p.name: ShardedState(kind, i, p.shape) for i, p in enumerate(self.parameters)}
+
+    def reload_model_params(self):
+        """After the pieces were loaded: every model parameter from them (all data-parallel ranks).
+        Set from host copies: a slice of the gathered vector is a view, which the in-place updates
+        of the compiled step refuse."""
+        for model_param, value in zip(self.parameters, self.gather_pieces(tuple(p.value() for p in self.main_params))):
+            model_param.set_data(Tensor(value.asnumpy()).astype(model_param.dtype))

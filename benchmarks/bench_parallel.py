@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Tensor, data and pipeline parallelism on 2 processes against 1 process, their communication
-share and the pipeline's bubble, measured in the same run.
+"""Tensor, data and pipeline parallelism and ZeRO-1 on 2 processes against 1 process, their
+communication share, the pipeline's bubble and ZeRO's memory, measured in the same run.
 
 Every run is `rapidgpt --task pretraining` on the embedded demo corpus with the same GPT (4 layers,
 hidden 256, 4 heads, seq 128, fp32, dropout 0.1, AdamW) and the same global batch (16 samples):
@@ -25,7 +25,10 @@ point-to-point exchanges (waiting for its neighbour, plus the transfer itself) d
 time, from RapidGPT's --timing-log-level 2 timers ("pipeline-p2p", "forward-backward-optimizer",
 every rank's with --timing-log-option all); Megatron's ideal bubble is (P - 1) / (m + P - 1).
 
-    python benchmarks/bench_parallel.py [--iters 20] [--warmup 5] [--port 29650] [--only tp-dp|pp]
+ZeRO: DP=2 with and without --zero-1-memory-optimization: tokens/s, rank 0's model states as it
+logs them (bytes of the tensors it holds) and the peak RSS of the largest process.
+
+    python benchmarks/bench_parallel.py [--iters 20] [--warmup 5] [--port 29650] [--only tp-dp|pp|zero]
 """
 import argparse
 import os
@@ -77,8 +80,18 @@ def rank_timers(log, warmup):
     return {name: [statistics.median(column) for column in zip(*values[warmup:])] for name, values in blocks.items()}
 
 
-def run(label, nproc, extra, opts, communicate=True, want_log=False):
-    """Median iteration time (ms) of one configuration (and rank 0's log)."""
+# Runs a command and reports the peak RSS of the largest process of its tree (msrun waits for its
+# workers, so their peaks reach this process's RUSAGE_CHILDREN).
+PEAK_RSS_WRAPPER = ("import resource, subprocess, sys; status = subprocess.run(sys.argv[1:]).returncode; "
+                    "print('peak rss kb:', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+                    "sys.exit(status)")
+PEAK_RSS = re.compile(r"peak rss kb: (\d+)")
+HELD = re.compile(r"model states held on this rank: weights (\d+) bytes, main parameters and optimizer state (\d+)")
+
+
+def run(label, nproc, extra, opts, communicate=True, want_log=False, peak_rss=None):
+    """Median iteration time (ms) of one configuration (and rank 0's log); with `peak_rss` (a
+    dict) its peak RSS in MiB is stored under `label`."""
     train = MODEL + ["--train-iters", str(opts.warmup + opts.iters)] + extra
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
@@ -93,7 +106,11 @@ def run(label, nproc, extra, opts, communicate=True, want_log=False):
             command = ["msrun", "--worker_num", str(nproc), "--local_worker_num", str(nproc), "--master_port",
                        str(opts.port), "--log_dir", logs, "--join", "True", "--cluster_time_out", "300",
                        os.path.abspath(__file__), WORKER_FLAG] + train + ["--cpu-threads", "1"]
+        if peak_rss is not None:
+            command = [sys.executable, "-c", PEAK_RSS_WRAPPER] + command
         out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        if peak_rss is not None:
+            peak_rss[label] = int(PEAK_RSS.findall(out.stderr)[-1]) / 1024
         log = out.stdout
         if nproc > 1 and os.path.exists(os.path.join(logs, "worker_0.log")):
             with open(os.path.join(logs, "worker_0.log")) as f:
@@ -124,6 +141,20 @@ def pipeline(opts):
               f"{single / real:5.2f}x {bubbles[0]:9.0%} {bubbles[1]:8.0%} {ideal:23.0%}")
 
 
+def zero(opts):
+    """ZeRO-1 beside plain DP=2: tokens/s, rank 0's model states (measured from the tensors it
+    holds) and the peak RSS of the largest process."""
+    rows, peaks = [], {}
+    for label, extra in (("DP=2", []), ("DP=2, ZeRO-1", ["--zero-1-memory-optimization"])):
+        median, log = run(label, 2, extra, opts, want_log=True, peak_rss=peaks)
+        weights, state = map(int, HELD.search(log).groups())
+        rows.append((label, median, weights, state))
+    print(f"\n{'layout':<14} {'tokens/s':>9} {'weights MiB':>12} {'main+optimizer MiB':>19} {'peak RSS MiB':>13}")
+    for label, median, weights, state in rows:
+        print(f"{label:<14} {GLOBAL_BATCH * SEQ / median * 1000:9.1f} {weights / 2**20:12.1f} {state / 2**20:19.1f} "
+              f"{peaks[label]:13.0f}")
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == WORKER_FLAG:
         return run_without_communication(sys.argv[2:])
@@ -131,14 +162,14 @@ def main():
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per run")
     parser.add_argument("--warmup", type=int, default=5, help="iterations left out (compile, caches)")
     parser.add_argument("--port", type=int, default=29650, help="msrun master port")
-    parser.add_argument("--only", choices=["tp-dp", "pp"], default=None, help="run one part")
+    parser.add_argument("--only", choices=["tp-dp", "pp", "zero"], default=None, help="run one part")
     opts = parser.parse_args()
     print(f"GPT 4 x 256, seq {SEQ}, global batch {GLOBAL_BATCH}, fp32; median of {opts.iters} iterations "
           f"after {opts.warmup}; {os.cpu_count()} CPU cores")
-    if opts.only != "pp":
-        tensor_and_data(opts)
-    if opts.only != "tp-dp":
-        pipeline(opts)
+    parts = {"tp-dp": tensor_and_data, "pp": pipeline, "zero": zero}
+    for name, part in parts.items():
+        if opts.only in (None, name):
+            part(opts)
     return 0
 
 

@@ -1,5 +1,5 @@
 """ZeRO stage 1 (rapidgpt/optim/distributed_optimizer.py) under msrun against one process: the tiny
-GPT with its optimizer state sharded over DP=2, DP=4 and PP=2 x DP=2 prints the single-process
+GPT with its optimizer state sharded over DP=2, DP=4, PP=2 x DP=2 and TP=2 x DP=2 prints the single-process
 losses, grad norms and validation losses within 1e-5 and ends with the same weights and optimizer
 state (gathered whole in its checkpoint); fp16 follows the fp16 run; a ZeRO-1 checkpoint resumes
 in one process without ZeRO and the reverse; each rank holds the bytes the memory estimate
@@ -37,9 +37,10 @@ def test_shard_plan_cuts_the_flat_parameters_into_equal_ranges():
     assert all(a[1] == b[0] for a, b in zip(owned, owned[1:]))      # every element owned exactly once
 
 
-@pytest.mark.parametrize("nproc, layout", [(2, ()), (4, ()), (4, PP2)], ids=["dp2", "dp4", "pp2xdp2"])
-def test_zero_1_reproduces_the_single_process_run(runs, nproc, layout):
-    found, save, log = runs(nproc, 1, *layout, *ZERO1)
+@pytest.mark.parametrize("nproc, tp, layout", [(2, 1, ()), (4, 1, ()), (4, 1, PP2), (4, 2, ())],
+                         ids=["dp2", "dp4", "pp2xdp2", "tp2xdp2"])
+def test_zero_1_reproduces_the_single_process_run(runs, nproc, tp, layout):
+    found, save, log = runs(nproc, tp, *layout, *ZERO1)
     reference, single_save, _ = runs(1, 1)
     assert "ZeRO stage 1" in log
     assert_same_run(found, reference)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Tensor, data and pipeline parallelism and ZeRO-1 on 2 processes against 1 process, their
+"""Tensor, data and pipeline parallelism and ZeRO-1/2 on 2 processes against 1 process, their
 communication share, the pipeline's bubble and ZeRO's memory, measured in the same run.
 
 Every run is `rapidgpt --task pretraining` on the embedded demo corpus with the same GPT (4 layers,
@@ -25,8 +25,9 @@ point-to-point exchanges (waiting for its neighbour, plus the transfer itself) d
 time, from RapidGPT's --timing-log-level 2 timers ("pipeline-p2p", "forward-backward-optimizer",
 every rank's with --timing-log-option all); Megatron's ideal bubble is (P - 1) / (m + P - 1).
 
-ZeRO: DP=2 with and without --zero-1-memory-optimization: tokens/s, rank 0's model states as it
-logs them (bytes of the tensors it holds) and the peak RSS of the largest process.
+ZeRO: DP=2 without ZeRO, with --zero-1-memory-optimization and with --zero-2-memory-optimization:
+tokens/s, rank 0's model states as it logs them (bytes of the tensors it holds, the gradients it
+hands the optimizer) and the peak RSS of the largest process.
 
     python benchmarks/bench_parallel.py [--iters 20] [--warmup 5] [--port 29650] [--only tp-dp|pp|zero]
 """
@@ -87,6 +88,7 @@ PEAK_RSS_WRAPPER = ("import resource, subprocess, sys; status = subprocess.run(s
                     "sys.exit(status)")
 PEAK_RSS = re.compile(r"peak rss kb: (\d+)")
 HELD = re.compile(r"model states held on this rank: weights (\d+) bytes, main parameters and optimizer state (\d+)")
+HANDED = re.compile(r"gradients handed to the optimizer on this rank: (\d+) bytes")
 
 
 def run(label, nproc, extra, opts, communicate=True, want_log=False, peak_rss=None):
@@ -142,17 +144,19 @@ def pipeline(opts):
 
 
 def zero(opts):
-    """ZeRO-1 beside plain DP=2: tokens/s, rank 0's model states (measured from the tensors it
-    holds) and the peak RSS of the largest process."""
+    """ZeRO-1 and ZeRO-2 beside plain DP=2: tokens/s, rank 0's model states (measured from the
+    tensors it holds and is handed) and the peak RSS of the largest process."""
     rows, peaks = [], {}
-    for label, extra in (("DP=2", []), ("DP=2, ZeRO-1", ["--zero-1-memory-optimization"])):
+    for label, extra in (("DP=2", []), ("DP=2, ZeRO-1", ["--zero-1-memory-optimization"]),
+                         ("DP=2, ZeRO-2", ["--zero-2-memory-optimization"])):
         median, log = run(label, 2, extra, opts, want_log=True, peak_rss=peaks)
         weights, state = map(int, HELD.search(log).groups())
-        rows.append((label, median, weights, state))
-    print(f"\n{'layout':<14} {'tokens/s':>9} {'weights MiB':>12} {'main+optimizer MiB':>19} {'peak RSS MiB':>13}")
-    for label, median, weights, state in rows:
-        print(f"{label:<14} {GLOBAL_BATCH * SEQ / median * 1000:9.1f} {weights / 2**20:12.1f} {state / 2**20:19.1f} "
-              f"{peaks[label]:13.0f}")
+        rows.append((label, median, weights, int(HANDED.search(log).group(1)), state))
+    print(f"\n{'layout':<14} {'tokens/s':>9} {'weights MiB':>12} {'gradients MiB':>14} {'main+optimizer MiB':>19} "
+          f"{'peak RSS MiB':>13}")
+    for label, median, weights, gradients, state in rows:
+        print(f"{label:<14} {GLOBAL_BATCH * SEQ / median * 1000:9.1f} {weights / 2**20:12.1f} {gradients / 2**20:14.1f} "
+              f"{state / 2**20:19.1f} {peaks[label]:13.0f}")
 
 
 def main():

@@ -130,5 +130,6 @@ class RapidGPTEngine:
         prepare_model(model, self.args.precision, self.args.recompute, get_logger(), self.args.jit)
         model.set_train(True)          # MindSpore cells start in eval mode (no dropout)
         optimizer = wrap_optimizer(optimizer, model, self.args)
+        get_logger().info(optimizer.held_line())
         lr_scheduler = lr_scheduler or build_lr_scheduler(self.args)
         return model, ComposedOptimizer(optimizer, lr_scheduler, self.args), lr_scheduler, train_dataloader

@@ -231,15 +231,18 @@ def test_convert_checkpoint_changes_the_tensor_parallel_size(runs, env, tmp_path
 
 
 def test_any_model_gets_data_parallelism_and_tensor_parallelism_needs_its_layers(env, tmp_path):
+    """A Finetuner's own nn.Cell on DP=2, plain and with ZeRO-2 (its gradients and Adam state sharded)."""
     flags = ["--user-script", "tests/distributed/mlp_finetuner.py", "--micro-batch-size", "8",
              "--global-batch-size", "16", "--epochs", "2", "--lr", "1e-2", "--log-interval", "1", "--no-progress-bar"]
     status, log = single(flags, env)
     assert status == 0, log[-3000:]
     reference = values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)]
     assert len(reference) == 2 * 16 + 2
-    status, log = msrun(2, ["rapidgpt/cli.py"] + flags, tmp_path / "dp2", env)
-    assert status == 0, log[-3000:]
-    assert_same_run(values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)], reference)
+    for name, extra in (("dp2", []), ("dp2-zero2", ["--zero-2-memory-optimization"])):
+        status, log = msrun(2, ["rapidgpt/cli.py"] + flags + extra, tmp_path / name, env)
+        assert status == 0, log[-3000:]
+        assert ("ZeRO stage 2" in log) == bool(extra)
+        assert_same_run(values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)], reference)
     status, log = msrun(2, ["rapidgpt/cli.py"] + flags + ["--tensor-model-parallel-size", "2"], tmp_path / "tp2", env)
     assert status != 0
     assert "--tensor-model-parallel-size 2: the model (SequentialCell) has no tensor-parallel layers" in log

@@ -167,6 +167,23 @@ def test_user_script_custom_loop(env, demo):
     assert losses[-1] < losses[0] - 0.5, out
 
 
+def test_custom_loop_on_two_ranks_with_zero_2_is_the_single_process_loop(env, demo, tmp_path):
+    """engine.compose under msrun with ZeRO-2 (gradients and Adam state sharded over DP=2). The
+    hand-written loop gives every rank the same batches (it does not split its data by rank), so
+    with dropout off DP=2 averages two equal gradients: the single-process run of those batches."""
+    flags = ["--user-script", str(USER_SCRIPTS / "custom_loop.py"), *TINY_GPT, "--train-iters", "6",
+             "--lr", "3e-3", "--log-interval", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
+             "--global-batch-size", "16"]
+    step = re.compile(r"step +\d+ \| loss ([0-9.]+) \| lr [0-9.e+-]+ \| grad norm ([0-9.]+)")
+    reference = step.findall(run_ok(flags + ["--micro-batch-size", "16"], env))
+    assert len(reference) == 6
+    result = run(flags + ["--micro-batch-size", "8", "--nproc-per-node", "2", "--zero-2-memory-optimization",
+                          "--log-dir", str(tmp_path)], env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert step.findall(result.stdout) == reference
+    assert "(ZeRO stage 2: 1/2 of the flat parameters)" in result.stdout + result.stderr
+
+
 # ---- command-line errors -----------------------------------------------------------------------
 
 def test_missing_user_script_file(env, tmp_path):
@@ -193,6 +210,6 @@ def test_classification_data_error_is_one_line(env, demo, tmp_path):
 
 
 def test_flag_not_in_this_build(env):
-    result = run(["--task", "pretraining", "--zero-2-memory-optimization"], env, timeout=120)
+    result = run(["--task", "pretraining", "--zero-3-memory-optimization"], env, timeout=120)
     assert result.returncode == 2
-    assert "rapidgpt: error: --zero-2-memory-optimization: not in this build" in result.stderr
+    assert "rapidgpt: error: --zero-3-memory-optimization: not in this build" in result.stderr

@@ -1,9 +1,11 @@
-"""ZeRO stage 1 (rapidgpt/optim/distributed_optimizer.py) under msrun against one process: the tiny
-GPT with its optimizer state sharded over DP=2, DP=4, PP=2 x DP=2 and TP=2 x DP=2 prints the single-process
-losses, grad norms and validation losses within 1e-5 and ends with the same weights and optimizer
-state (gathered whole in its checkpoint); fp16 follows the fp16 run; a ZeRO-1 checkpoint resumes
-in one process without ZeRO and the reverse; each rank holds the bytes the memory estimate
-says. The sharding plan itself is checked without processes."""
+"""ZeRO stages 1 and 2 (rapidgpt/optim/distributed_optimizer.py) under msrun against one process: the
+tiny GPT with its optimizer state (stage 1) and gradients (stage 2) sharded over DP=2 and DP=4, and
+stage 2 over TP=2 x DP=2 and PP=2 x DP=2, prints the single-process losses, grad norms and
+validation losses within 1e-5 and ends with the same weights and optimizer state (gathered whole in
+its checkpoint); fp16 follows the fp16 run, and so does Rapidformer's whole switch set on 8 ranks
+(TP=2 x PP=2 x DP=2, ZeRO-2, full recompute, --mixed-precision); a ZeRO-2 checkpoint resumes in one
+process without ZeRO and a single-process one with ZeRO-1 at DP=4; each rank holds the bytes the
+memory estimate says. The sharding plan and the wrapper are checked without processes."""
 import json
 import math
 import re
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rapidgpt.optim.distributed_optimizer import ShardPlan
+from rapidgpt.parallel.data_parallel import ShardPlan
 from rapidgpt.theoretical_memory import GPTShape, RunLayout, estimate
 from rapidgpt.tokenizer import padded_vocab_size
 from rapidgpt.training.checkpointing import gathered_tensors
@@ -19,9 +21,13 @@ from test_parallel import (FP16, SCALES, TINY, assert_same_run, assert_same_weig
                            env, msrun, runs, single, skipped, values)          # (env, runs: fixtures)
 
 ZERO1 = ("--zero-1-memory-optimization",)
+ZERO2 = ("--zero-2-memory-optimization",)
+ZERO = {0: (), 1: ZERO1, 2: ZERO2}
 PP2 = ("--pipeline-model-parallel-size", "2")
+RAPIDFORMER = (*PP2, *ZERO2, "--checkpoint-activations", "--mixed-precision", *FP16[1:])   # with TP=2, 8 ranks
 HELD = re.compile(r"model states held on this rank: weights (\d+) bytes, main parameters and optimizer state "
                   r"(\d+) bytes")
+HANDED = re.compile(r"gradients handed to the optimizer on this rank: (\d+) bytes")
 
 
 def test_shard_plan_cuts_the_flat_parameters_into_equal_ranges():
@@ -37,29 +43,44 @@ def test_shard_plan_cuts_the_flat_parameters_into_equal_ranges():
     assert all(a[1] == b[0] for a, b in zip(owned, owned[1:]))      # every element owned exactly once
 
 
-@pytest.mark.parametrize("nproc, tp, layout", [(2, 1, ()), (4, 1, ()), (4, 1, PP2), (4, 2, ())],
-                         ids=["dp2", "dp4", "pp2xdp2", "tp2xdp2"])
-def test_zero_1_reproduces_the_single_process_run(runs, nproc, tp, layout):
-    found, save, log = runs(nproc, tp, *layout, *ZERO1)
+@pytest.mark.parametrize("nproc, tp, layout, stage", [(2, 1, (), 1), (4, 1, (), 1), (2, 1, (), 2), (4, 1, (), 2),
+                                                     (4, 2, (), 2), (4, 1, PP2, 2)],
+                         ids=["zero1-dp2", "zero1-dp4", "zero2-dp2", "zero2-dp4", "zero2-tp2xdp2", "zero2-pp2xdp2"])
+def test_zero_reproduces_the_single_process_run(runs, nproc, tp, layout, stage):
+    found, save, log = runs(nproc, tp, *layout, *ZERO[stage])
     reference, single_save, _ = runs(1, 1)
-    assert "ZeRO stage 1" in log
+    assert f"ZeRO stage {stage}" in log
     assert_same_run(found, reference)
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
 
 
-def test_fp16_zero_1_follows_the_single_process_fp16_run(runs):
-    found, _, log = runs(2, 1, *FP16, *ZERO1)
-    reference, _, reference_log = runs(1, 1, *FP16)
+def assert_follows_the_fp16_run(found, log, reference, reference_log):
+    """The same skipped iterations and loss scales as the single-process fp16 run, the losses within
+    5e-3 (the grad norms of skipped iterations are not finite)."""
     assert 0 < len(skipped(reference_log)) < 12 and skipped(log) == skipped(reference_log)
     assert SCALES.findall(log) == SCALES.findall(reference_log)
+    assert len(found) == len(reference)
     for (name, ours), (_, expected) in zip(found, reference):
         if name != "grad norm":
             assert ours == pytest.approx(expected, rel=5e-3), (name, ours, expected)
 
 
-def test_zero_1_checkpoint_resumes_in_one_process_without_zero(runs, env, tmp_path):
-    _, save, _ = runs(2, 1, *ZERO1)
+def test_fp16_zero_1_follows_the_single_process_fp16_run(runs):
+    found, _, log = runs(2, 1, *FP16, *ZERO1)
+    assert_follows_the_fp16_run(found, log, *runs(1, 1, *FP16)[::2])
+
+
+def test_rapidformers_switch_set_on_8_ranks_follows_the_single_process_fp16_run(runs):
+    """--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --zero-2-memory-optimization
+    --checkpoint-activations --mixed-precision (as launch/rapidformer_switches.sh runs it)."""
+    found, _, log = runs(8, 2, *RAPIDFORMER)
+    assert "ZeRO stage 2" in log and "TP=2, DP=2" in log
+    assert_follows_the_fp16_run(found, log, *runs(1, 1, *FP16)[::2])
+
+
+def test_zero_2_checkpoint_resumes_in_one_process_without_zero(runs, env, tmp_path):
+    _, save, _ = runs(2, 1, *ZERO2)
     reference, _, _ = runs(1, 1)
     status, log = single(TINY + ["--load", checkpoint_of(save, 6, tmp_path)], env)
     assert status == 0, log[-3000:]
@@ -75,31 +96,37 @@ def test_single_process_checkpoint_resumes_with_zero_1_on_dp4(runs, env, tmp_pat
     assert_same_run(values(log), reference[13:])
 
 
-@pytest.mark.parametrize("nproc", [1, 2, 4])
-def test_each_rank_holds_what_the_memory_estimate_says(runs, nproc):
-    """Rank 0's weights and its fp32 main parameters + Adam moments, measured from the tensors it
-    holds, against the estimate (the optimizer's unsharded scalars: step count, learning rate)."""
-    flags = ZERO1 if nproc > 1 else ()
-    _, save, log = runs(nproc, 1, *flags)
+@pytest.mark.parametrize("nproc, stage", [(1, 0), (2, 1), (4, 1), (2, 2), (4, 2)])
+def test_each_rank_holds_what_the_memory_estimate_says(runs, nproc, stage):
+    """Rank 0's weights, the gradients its optimizer is handed and its fp32 main parameters + Adam
+    moments, measured from the tensors it holds, against the estimate (the optimizer's unsharded
+    scalars: step count, learning rate) and the ZeRO paper's terms (fp32: 4 + 4 + 12 bytes)."""
+    _, save, log = runs(nproc, 1, *ZERO[stage])
     weights, state = map(int, HELD.search(log).groups())
+    gradients = int(HANDED.search(log).group(1))
     def flag(name):
         return int(TINY[TINY.index(name) + 1])
     h, s = flag("--hidden-size"), flag("--seq-length")
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
     shape = GPTShape(flag("--num-layers"), h, flag("--num-attention-heads"), 4 * h, s, s,
                      padded_vocab_size(vocab_size, flag("--make-vocab-size-divisible-by")))
-    zero = 1 if nproc > 1 else 0
-    expected = estimate(shape, RunLayout(data_parallel=nproc, zero_stage=zero, optimizer_bytes=12 if zero else 8))
+    expected = estimate(shape, RunLayout(data_parallel=nproc, zero_stage=stage, optimizer_bytes=12 if stage else 8))
     assert weights == expected.weight_bytes_per_rank
+    assert gradients == expected.gradient_bytes_per_rank
     scalars = 4 + 4                                      # adam_step (int32), learning_rate (fp32)
     assert state - scalars == expected.optimizer_bytes_per_rank
-    if zero:                                             # rank 0's shard has no padding
-        assert expected.optimizer_bytes_per_rank == 12 * math.ceil(expected.parameters / nproc)
+    psi, shard = expected.parameters, math.ceil(expected.parameters / nproc)      # rank 0's shard: no padding
+    assert weights == 4 * psi
+    assert gradients == 4 * (shard if stage >= 2 else psi)
+    assert state - scalars == (12 * shard if stage >= 1 else 8 * psi)
 
 
-def test_zero_1_steps_a_users_model_exactly_as_the_unsharded_wrapper():
+@pytest.mark.parametrize("shard_gradients", [False, True], ids=["zero1", "zero2"])
+def test_zero_steps_a_users_model_exactly_as_the_unsharded_wrapper(shard_gradients):
     """In one process (one shard): a user's nn.Cell with its own AdamW (weight decay on the
-    matrices only), fp16: the same weights, main parameters and Adam state after three steps."""
+    matrices only), fp16, clipped: the same weights, main parameters and Adam state after three
+    steps. At stage 2 the wrapper is handed the gradients as the schedule's reduce-scatter hands
+    them: this rank's pieces, flat."""
     import mindspore as ms
     import numpy as np
     from mindspore import nn
@@ -117,13 +144,15 @@ def test_zero_1_steps_a_users_model_exactly_as_the_unsharded_wrapper():
             param.set_dtype(ms.float16)
         inner = AdamW(model.trainable_params(), lr=1e-2, weight_decay=0.1)
         wrappers.append(DistributedOptimizerWrapper(inner.parameters, inner.with_parameters, inner.weight_decays,
-                                                    precision, 1.0) if sharded
+                                                    precision, 1.0, shard_gradients) if sharded
                         else OptimizerWrapper.around(inner, 1.0, precision))
+    assert wrappers[1].gradient_layout is (wrappers[1].plan if shard_gradients else None)
     rng = np.random.default_rng(0)
     for _ in range(3):
         grads = tuple(ms.Tensor(rng.standard_normal(p.shape), ms.float16) for p in wrappers[0].parameters)
-        for wrapper in wrappers:
-            wrapper(grads, ms.Tensor(1e-2, ms.float32))
+        handed = tuple(g.reshape(-1) for g in grads) if shard_gradients else grads
+        for wrapper, given in zip(wrappers, (grads, handed)):
+            wrapper(given, ms.Tensor(1e-2, ms.float32))
     plain, sharded = (w.checkpoint_tensors(True) for w in wrappers)
     assert sorted(plain) == sorted(sharded)
     for name, tensor in plain.items():

@@ -4,12 +4,13 @@
     --zero-2-memory-optimization                                stage 2: also the gradients
     --zero-3-memory-optimization, --fsdp-memory-optimization    stage 3: also the parameters
 
-over each pipeline stage's data-parallel group. Stage 1 trains (rapidgpt/optim/distributed_optimizer.py);
-stages 2 and 3 are not in this build yet (refused with a message); data_tools/estimate_memory.py
+over each pipeline stage's data-parallel group. Stages 1 and 2 train (rapidgpt/optim/distributed_optimizer.py);
+stage 3 is not in this build yet (refused with a message); data_tools/estimate_memory.py
 estimates what every stage holds (rapidgpt/theoretical_memory.py).
 """
 from dataclasses import dataclass
 
+TRAINED_STAGES = (1, 2)
 STAGE_OF_FLAG = {"--zero-1-memory-optimization": 1, "--use-distributed-optimizer": 1,
                  "--zero-2-memory-optimization": 2, "--zero-3-memory-optimization": 3,
                  "--fsdp-memory-optimization": 3}
@@ -21,14 +22,16 @@ def _dest(flag):
 
 @dataclass(frozen=True)
 class ZeroConfig:
-    """stage: 0 (no sharding) to 3."""
+    """stage: 0 (no sharding) to 3; flag: the flag that asked for it (for messages)."""
     stage: int = 0
+    flag: str = ""
 
     @classmethod
     def from_args(cls, args):
         """The stage the flags ask for (the highest when several are given; check_zero_args
         reports a conflict)."""
-        return cls(max([stage for flag, stage in STAGE_OF_FLAG.items() if getattr(args, _dest(flag))] or [0]))
+        given = sorted(_given(args), key=STAGE_OF_FLAG.get)
+        return cls(STAGE_OF_FLAG[given[-1]], given[-1]) if given else cls()
 
     def describe(self):
         return f"ZeRO stage {self.stage}" if self.stage else "no ZeRO"
@@ -37,7 +40,7 @@ class ZeroConfig:
 def add_zero_args(parser):
     g = parser.add_argument_group(
         "ZeRO optimizer sharding",
-        "Shard model states over the data-parallel ranks. Stage 1 trains; stages 2 and 3 are not in this "
+        "Shard model states over the data-parallel ranks. Stages 1 and 2 train; stage 3 is not in this "
         "build yet (refused). data_tools/estimate_memory.py shows the memory each stage takes")
     g.add_argument("--zero-1-memory-optimization", action="store_true",
                    help="ZeRO stage 1: each data-parallel rank keeps its shard of the optimizer state")
@@ -65,9 +68,9 @@ def check_zero_args(args, check):
     """Validate into `check` (a flag_parser.Problems) and set `args.zero` (a ZeroConfig)."""
     _check_one_stage(args, check)
     for flag in _given(args):
-        check.require(STAGE_OF_FLAG[flag] == 1,
-                      f"{flag}: not in this build (ZeRO stages 2 and 3 arrive with a later release; stage 1, "
-                      f"--zero-1-memory-optimization, is here); `python data_tools/estimate_memory.py` with "
+        check.require(STAGE_OF_FLAG[flag] in TRAINED_STAGES,
+                      f"{flag}: not in this build (ZeRO stage 3 arrives with a later release; stages 1 and 2, "
+                      f"--zero-1/2-memory-optimization, are here); `python data_tools/estimate_memory.py` with "
                       f"your flags shows the memory per rank each stage takes")
     args.zero = ZeroConfig.from_args(args)
 

@@ -27,7 +27,8 @@ def global_grad_norm(grads, sum_over_ranks=None):
     It is non-finite whenever some gradient holds a NaN/Inf, so it doubles as the finite check
     of the step (no second pass over the gradients).
     """
-    squares = ops.addn([_sum_of_squares(g) for g in grads])
+    # No gradients: a rank whose ZeRO-2 pieces are all of parameters another rank counts.
+    squares = ops.addn([_sum_of_squares(g) for g in grads]) if grads else ops.zeros((), ms.float32)
     return ops.sqrt(squares if sum_over_ranks is None else sum_over_ranks(squares))
 
 

@@ -1,24 +1,31 @@
-"""ZeRO stage 1 (Megatron's distributed optimizer, `--use-distributed-optimizer`): each
-data-parallel rank keeps the fp32 main parameters and the optimizer state of 1/N of the model,
-steps them, and the updated parameters are all-gathered.
+"""ZeRO stages 1 and 2 (stage 1 is Megatron's distributed optimizer, `--use-distributed-optimizer`):
+each data-parallel rank keeps the fp32 main parameters and the optimizer state of 1/N of the
+model, steps them, and the updated parameters are all-gathered; at stage 2 it is also handed only
+its 1/N of the gradients.
 
-Layout (ShardPlan): the model's parameters laid end to end, in order, as one flat vector of Psi
-elements padded to N x S (S = ceil(Psi / N)); data-parallel rank r owns elements [r S, (r+1) S):
-of every parameter, the piece of its flattened elements that falls in that range (a parameter
-may be cut between two ranks). The pieces are fp32 Parameters (`zero_shard.<name>`, 1-D) that
+Layout (ShardPlan, rapidgpt/parallel/data_parallel.py): the model's parameters laid end to end, in
+order, as one flat vector of Psi elements padded to N x S (S = ceil(Psi / N)); data-parallel rank
+r owns elements [r S, (r+1) S): of every parameter, the piece of its flattened elements that falls
+in that range (a parameter may be cut between two ranks). The pieces are fp32 Parameters (`zero_shard.<name>`, 1-D) that
 the inner optimizer (RapidGPT's AdamW or SGD, rebuilt over them, each piece decayed as the
 parameter it is cut from) steps. Both optimizers are elementwise, so every element gets the very
 update an unsharded run computes.
 
-A step: the wrapper's unscale, norm, overflow check and clip see the whole data-parallel-averaged
-gradients, as without ZeRO (rapidgpt/optim/mixed_precision.py); each rank then steps its pieces
-with its pieces of the gradients, and one all-gather of the [N x S] fp32 vector over the
+A step, stage 1: the wrapper's unscale, norm, overflow check and clip see the whole
+data-parallel-averaged gradients, as without ZeRO (rapidgpt/optim/mixed_precision.py); each rank
+then steps its pieces with its pieces of the gradients. Stage 2: the schedule reduce-scatters the
+gradients into this rank's pieces (`gradient_layout`, rapidgpt/training/schedules.py), so the
+whole gradients never outlive the step's backward; unscale and clip act on the pieces, and the
+global norm adds every rank's sums of squares over all ranks (DP x TP x PP: each DP rank holds
+different elements), so the norm, the overflow decision and the clip factor are the ones of an
+unsharded run on every rank. Then, both stages, one all-gather of the [N x S] fp32 vector over the
 data-parallel group (rapidgpt.parallel.comm: native on HCCL/NCCL, exact on CPU) gives every
 model parameter its updated elements (cast to 16 bits in fp16/bf16 runs).
 
-Memory per rank: weights and gradients as without ZeRO, main parameters and optimizer state
-1/N: 2 Psi + 2 Psi + 12 Psi / N bytes for mixed-precision Adam (the ZeRO paper's 4 Psi + 12 Psi / N);
-in fp32 runs 4 Psi + 4 Psi + 12 Psi / N (MindSpore has no Parameter that is a view of another, so
+Memory per rank, stage 1: weights and gradients as without ZeRO, main parameters and optimizer
+state 1/N: 2 Psi + 2 Psi + 12 Psi / N bytes for mixed-precision Adam (the ZeRO paper's 4 Psi +
+12 Psi / N); in fp32 runs 4 Psi + 4 Psi + 12 Psi / N; stage 2: the gradients 1/N too, once reduced
+(2 Psi + 14 Psi / N; the micro-batches are accumulated into whole gradients first, as in Megatron) (MindSpore has no Parameter that is a view of another, so
 the fp32 pieces are copies of the model's elements).
 
 Checkpoints hold the same tensors as without ZeRO (each parameter's fp32 value and its optimizer
@@ -33,25 +40,11 @@ from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 from rapidgpt.optim.mixed_precision import OptimizerWrapper
 from rapidgpt.parallel import comm
-from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size
+from rapidgpt.parallel.data_parallel import ShardPlan
+from rapidgpt.parallel.state import (get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size,
+                                     get_parallel_state)
 
 PIECE_PREFIX = "zero_shard."
-
-
-class ShardPlan:
-    """Which elements of which parameters data-parallel rank `rank` of `size` owns: `pieces`, a
-    tuple of (parameter index, first, end) over the parameter's flattened elements; `offsets[i]`
-    where parameter i starts in the flat vector; `shard` = S."""
-
-    def __init__(self, shapes, size, rank):
-        counts = [math.prod(shape) for shape in shapes]
-        self.offsets = [sum(counts[:i]) for i in range(len(counts))]
-        self.total = sum(counts)
-        self.shard = math.ceil(self.total / size)
-        start, end = rank * self.shard, (rank + 1) * self.shard
-        self.pieces = tuple((i, max(start, a) - a, min(end, a + n) - a)
-                            for i, (a, n) in enumerate(zip(self.offsets, counts)) if a < end and a + n > start)
-        self.padding = self.shard - sum(hi - lo for _, lo, hi in self.pieces)
 
 
 class _Kind:
@@ -86,13 +79,19 @@ class ShardedState:
 
 
 class DistributedOptimizerWrapper(OptimizerWrapper):
-    """OptimizerWrapper with ZeRO stage 1 (see the module docstring). `make_optimizer(params,
-    weight_decays)` builds the inner optimizer over the pieces; `weight_decays`: each model
-    parameter's (the pieces inherit them)."""
+    """OptimizerWrapper with ZeRO stage 1, or 2 with `shard_gradients` (see the module docstring).
+    `make_optimizer(params, weight_decays)` builds the inner optimizer over the pieces;
+    `weight_decays`: each model parameter's (the pieces inherit them)."""
 
-    def __init__(self, model_params, make_optimizer, weight_decays, precision, clip_grad):
+    def __init__(self, model_params, make_optimizer, weight_decays, precision, clip_grad, shard_gradients=False):
         self.owner_decays = tuple(weight_decays)
         super().__init__(model_params, make_optimizer, precision, clip_grad)
+        self.shards_gradients = shard_gradients
+        if shard_gradients:
+            self.gradient_layout = self.plan
+            self.in_norm = tuple(self.in_norm[i] for i, _, _ in self.plan.pieces)
+            everyone = comm.new_group(range(get_parallel_state().world_size))
+            self.norm_sum_over_ranks = comm.AllReduce(everyone) if everyone is not None else None
 
     def _build_main_params(self, make_optimizer):
         group = get_data_parallel_group()
@@ -109,6 +108,9 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
         self.all_gather = comm.AllGather(group, axis=0)
         self.shapes = tuple(tuple(p.shape) for p in self.parameters)
 
+    def sharding(self):
+        return f" (ZeRO stage {2 if self.shards_gradients else 1}: 1/{self.plan.size} of the flat parameters)"
+
     def gather_pieces(self, pieces):
         """Every model parameter's whole value (fp32, in model order) from this rank's `pieces` (one
         tensor per piece, in plan order) and the other data-parallel ranks'."""
@@ -119,8 +121,9 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
         return tuple(flat[a:a + math.prod(shape)].reshape(shape) for a, shape in zip(self.plan.offsets, self.shapes))
 
     def step(self, grads, lr):
-        piece_grads = tuple(grads[i].reshape(-1)[lo:hi] for i, lo, hi in self.plan.pieces)
-        done = self.optimizer(piece_grads, lr)
+        if not self.shards_gradients:
+            grads = tuple(grads[i].reshape(-1)[lo:hi] for i, lo, hi in self.plan.pieces)
+        done = self.optimizer(grads, lr)
         whole = self.gather_pieces(tuple(ops.depend(p, done) for p in self.main_params))
         for model_param, value in zip(self.parameters, whole):
             ops.assign(model_param, ops.cast(value, model_param.dtype))

@@ -22,7 +22,8 @@ step. Main parameters: in fp32 runs the model's own parameters; in 16-bit runs f
 (`main_params.<name>`) that the inner optimizer and its fp32 state (Adam's moments) belong to,
 as in Megatron's Float16OptimizerWithFloat16Params. Model states per parameter are then 2 bytes
 (16-bit weight) + 2 (16-bit gradient) + 4 (fp32 main weight) + 8 (fp32 Adam moments), the 16
-bytes of the ZeRO paper; ZeRO stage 1 (rapidgpt/optim/distributed_optimizer.py) shards the last 12.
+bytes of the ZeRO paper; ZeRO stage 1 (rapidgpt/optim/distributed_optimizer.py) shards the last 12,
+stage 2 also the gradients (the wrapper is then handed this rank's pieces of them).
 
 Checkpoints hold each model parameter's fp32 value (the main copy in 16-bit runs) under the
 model parameter's name, and the optimizer state under the names an fp32 run gives it, so a
@@ -58,6 +59,7 @@ class OptimizerWrapper(nn.Cell):
         super().__init__(auto_prefix=False)
         self.parameters = ParameterTuple(model_params)
         self.half = precision.half
+        self.gradient_layout = None         # whole gradients, one per parameter (ZeRO-2: a ShardPlan)
         self._build_main_params(make_optimizer)
         self.grad_scaler = build_grad_scaler(precision)
         self.clip_grad = clip_grad
@@ -65,7 +67,7 @@ class OptimizerWrapper(nn.Cell):
         self.in_norm = tuple((first or getattr(p, "tensor_model_parallel", False))
                              and not getattr(p, "pipeline_shared_copy", False) for p in self.parameters)
         group = get_model_parallel_group()
-        self.model_parallel_sum = comm.AllReduce(group) if comm.group_size(group) > 1 else None
+        self.norm_sum_over_ranks = comm.AllReduce(group) if comm.group_size(group) > 1 else None
 
     def _build_main_params(self, make_optimizer):
         """The parameters the inner optimizer steps (`main_params`) and the inner optimizer."""
@@ -102,7 +104,7 @@ class OptimizerWrapper(nn.Cell):
             inverse = 1.0 / self.grad_scaler.scale
             grads = tuple(g * inverse for g in grads)
         norm = global_grad_norm(tuple(g for g, counted in zip(grads, self.in_norm) if counted),
-                                self.model_parallel_sum)
+                                self.norm_sum_over_ranks)
         # A NaN/Inf gradient makes the norm non-finite (as does a norm beyond fp32, which
         # clipping would turn into a zero update): one scalar test instead of a pass over grads.
         updated = ops.isfinite(norm)
@@ -127,6 +129,15 @@ class OptimizerWrapper(nn.Cell):
         state = {id(p): p for p in list(self.main_params) + list(self.optimizer.get_parameters())
                  if id(p) not in model_ids}
         return sum(p.nbytes for p in self.parameters), sum(p.nbytes for p in state.values())
+
+    def held_line(self):
+        """The start-up log line of `held_bytes` (with the ZeRO stage when sharded)."""
+        weights, state = self.held_bytes()
+        return (f" > model states held on this rank: weights {weights} bytes, main parameters and optimizer "
+                f"state {state} bytes{self.sharding()}")
+
+    def sharding(self):
+        return ""
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -181,7 +192,7 @@ def wrap_optimizer(optimizer, model, args):
 
 
 def _sharded_wrapper(optimizer, model, args):
-    """ZeRO stage 1: the inner optimizer (the flags', or the user's rebuilt) over this rank's
+    """ZeRO stages 1 and 2: the inner optimizer (the flags', or the user's rebuilt) over this rank's
     pieces of the main parameters (rapidgpt/optim/distributed_optimizer.py)."""
     from rapidgpt.optim.adamw import weight_decays_of
     from rapidgpt.optim.distributed_optimizer import DistributedOptimizerWrapper
@@ -196,9 +207,10 @@ def _sharded_wrapper(optimizer, model, args):
     else:
         if not hasattr(optimizer, "with_parameters"):
             raise OptimizerRebuildError(
-                f"--zero-1-memory-optimization (--use-distributed-optimizer): the {type(optimizer).__name__} from "
+                f"{args.zero.flag()}: the {type(optimizer).__name__} from "
                 f"model_optimizer_lr_scheduler_provider cannot be rebuilt over this rank's shard of the "
                 f"parameters; return rapidgpt.optim.AdamW/SGD, or None to build one from the flags")
         params, decays = list(optimizer.parameters), optimizer.weight_decays
         make = optimizer.with_parameters
-    return DistributedOptimizerWrapper(params, make, decays, args.precision, args.clip_grad)
+    return DistributedOptimizerWrapper(params, make, decays, args.precision, args.clip_grad,
+                                       shard_gradients=args.zero.stage >= 2)

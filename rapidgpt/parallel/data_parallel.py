@@ -10,7 +10,14 @@ initialisation is seeded by parameter name). Why flat buffers: a collective cost
 on top of its bytes (several ms on the CPU backend), so one call per parameter would cost more than
 the model; gradients are concatenated into buckets of up to `bucket_elements` (per dtype, in
 parameter order), each reduced with one all-reduce and split back.
+
+ZeRO (rapidgpt/optim/distributed_optimizer.py) lays the parameters end to end as one flat
+vector cut into one equal range per DP rank (ShardPlan). From stage 2 on the gradients are summed
+into that layout instead: `GradientShardReducer` reduce-scatters the flat gradient vector, so each
+rank ends the step holding only the sums of the elements it owns.
 """
+import math
+
 from mindspore import nn, ops
 
 from rapidgpt.parallel import comm
@@ -56,3 +63,47 @@ class GradientSummer(nn.Cell):
                 averaged.append(flat[start:start + self.counts[i]].reshape(self.shapes[i]))
                 start += self.counts[i]
         return tuple(averaged)
+
+
+class ShardPlan:
+    """Which elements of which parameters data-parallel rank `rank` of `size` owns, Megatron's
+    distributed-optimizer layout: the parameters (of `shapes`) laid end to end, in order, as one
+    flat vector of `total` elements padded to size x S (S = `shard` = ceil(total / size)); rank r
+    owns elements [r S, (r+1) S). `pieces`: a tuple of (parameter index, first, end) over that
+    parameter's flattened elements (a parameter may be cut between two ranks); `offsets[i]`: where
+    parameter i starts in the flat vector; `padding`: the zeros ending this rank's range."""
+
+    def __init__(self, shapes, size, rank):
+        counts = [math.prod(shape) for shape in shapes]
+        self.offsets = [sum(counts[:i]) for i in range(len(counts))]
+        self.total = sum(counts)
+        self.shard = math.ceil(self.total / size)
+        self.size = size
+        start, end = rank * self.shard, (rank + 1) * self.shard
+        self.pieces = tuple((i, max(start, a) - a, min(end, a + n) - a)
+                            for i, (a, n) in enumerate(zip(self.offsets, counts)) if a < end and a + n > start)
+        self.padding = self.shard - sum(hi - lo for _, lo, hi in self.pieces)
+
+
+class GradientShardReducer(nn.Cell):
+    """`grads` (tuple, one per parameter, in `plan` order) -> this rank's pieces (1-D, in
+    `plan.pieces` order) of their sum over the data-parallel group: the flat vector (in `dtype`,
+    padded to size x S) reduce-scattered in one collective."""
+
+    def __init__(self, plan, group, dtype):
+        super().__init__()
+        self.dtype = dtype
+        self.padding = plan.shard * plan.size - plan.total
+        self.reduce_scatter = comm.ReduceScatter(group)
+        bounds, start = [], 0
+        for _, lo, hi in plan.pieces:
+            bounds.append((start, start + hi - lo))
+            start += hi - lo
+        self.bounds = tuple(bounds)
+
+    def construct(self, grads):
+        parts = [ops.cast(g.reshape(-1), self.dtype) for g in grads]
+        if self.padding:
+            parts.append(ops.zeros((self.padding,), self.dtype))
+        shard = self.reduce_scatter(ops.cat(parts))
+        return tuple(shard[a:b] for a, b in self.bounds)

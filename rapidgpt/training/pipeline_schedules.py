@@ -93,12 +93,13 @@ class ForwardBackwardPipelining:
 
     `schedule(stacked, iteration, loss_scale) -> (mean loss of the step, grads)` on every stage (the
     last stage's loss), grads in `params` order, summed over the micro-batches (each micro-batch's
-    loss multiplied by loss_scale / (m * dp), as without pipelining), then over the data-parallel
-    ranks and, for the tied word embeddings, over the embedding group (first + last stage).
+    loss multiplied by loss_scale / (m * dp), as without pipelining), for the tied word embeddings
+    over the embedding group (first + last stage), then over the data-parallel ranks (into
+    `gradient_layout`'s pieces when given: ZeRO-2).
     """
 
     def __init__(self, forward, model, params, num_micro_batches, activation_shape, activation_dtype,
-                 accumulate_in_fp32=True):
+                 accumulate_in_fp32=True, gradient_layout=None):
         self.pp_size, self.stage = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
         self.first, self.last = self.stage == 0, self.stage == self.pp_size - 1
         self.params = tuple(params)
@@ -107,7 +108,7 @@ class ForwardBackwardPipelining:
         self.links = StageLinks(*get_pipeline_neighbour_groups(), activation_shape, activation_dtype)
         self.cast_to_fp32 = casts_to_fp32(self.params, accumulate_in_fp32)
         self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
-        self.finalize_dp = DataParallelFinalize(self.params)
+        self.finalize_dp = DataParallelFinalize(self.params, self.cast_to_fp32, gradient_layout)
         self.shared = [i for i, p in enumerate(self.params) if getattr(p, "pipeline_shared", False)]
         self.embedding_sum = comm.AllReduce(get_embedding_group()) if self.shared else None
         self.pipeline_sum = comm.AllReduce(get_pipeline_model_parallel_group())
@@ -172,12 +173,15 @@ class ForwardBackwardPipelining:
             if self.timers.measuring(2):    # count asynchronous work in the action that queued it
                 ms.runtime.synchronize()
             timer.stop()
+        # The embedding sum first (Megatron sums over DP first): under ZeRO-2 the DP sum leaves
+        # pieces cut by each stage's own layout, and the two stages' pieces of the tied copies differ.
+        grads = self._sum_embedding_grads(grads)
         loss, grads = self.finalize_dp(total / m if self.last else ops.zeros((), ms.float32), grads)
-        return self.pipeline_sum(loss), self._sum_embedding_grads(grads)   # every stage: the last stage's loss
+        return self.pipeline_sum(loss), grads   # every stage: the last stage's loss
 
     def _sum_embedding_grads(self, grads):
-        """Megatron's finalize_model_grads after the DP sum: the tied embeddings' gradients summed
-        over the embedding group (both copies then hold the same gradient)."""
+        """Megatron's finalize_model_grads: the tied embeddings' gradients summed over the
+        embedding group (both copies then hold the same gradient)."""
         if self.embedding_sum is not None:
             grads = list(grads)
             for i in self.shared:
@@ -194,7 +198,9 @@ class PipelineTrainStep:
                  jit=True):
         dtype = optimizer.parameters[0].dtype
         self.schedule = ForwardBackwardPipelining(forward, model, optimizer.parameters, num_micro_batches,
-                                                  activation_shape, dtype, accumulate_in_fp32)
+                                                  activation_shape, dtype, accumulate_in_fp32,
+                                                  optimizer.gradient_layout)
+        self.gradient_bytes = self.schedule.finalize_dp.gradient_bytes
         self.optimizer = optimizer
         self._update = ms.jit(optimizer.construct) if jit else optimizer
 

@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
 from rapidgpt.parallel import comm
-from rapidgpt.parallel.data_parallel import GradientSummer
+from rapidgpt.parallel.data_parallel import GradientShardReducer, GradientSummer
 from rapidgpt.parallel.random import micro_batch_key, set_dropout_key
 from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size
 
@@ -62,19 +62,38 @@ def accumulate(grads, micro_grads, cast_to_fp32):
     return micro_grads if grads is None else tuple(a + b for a, b in zip(grads, micro_grads))
 
 
+def gradient_dtype(params, cast_to_fp32):
+    """The dtype of the step's accumulated gradients (fp32 when cast, or when the parameters'
+    dtypes differ and the gradients must share one flat buffer)."""
+    dtypes = {p.dtype for p in params}
+    return ms.float32 if cast_to_fp32 or len(dtypes) > 1 else dtypes.pop()
+
+
 class DataParallelFinalize(nn.Cell):
     """Megatron's finalize_model_grads over the data-parallel ranks: `(loss, grads) -> (loss
-    averaged, grads summed)` (flat buckets, rapidgpt/parallel/data_parallel.py)."""
+    averaged, grads summed)` (flat buckets, rapidgpt/parallel/data_parallel.py). With a
+    `gradient_layout` (a ShardPlan: the optimizer wrapper keeps gradient shards, ZeRO-2) the sum
+    is reduce-scattered and `grads` come back as this rank's pieces of it. `gradient_bytes`: the
+    bytes of the gradients it hands the optimizer."""
 
-    def __init__(self, params):
+    def __init__(self, params, cast_to_fp32, gradient_layout=None):
         super().__init__(auto_prefix=False)
         self.dp_size = get_data_parallel_world_size()
-        self.sum_over_dp = GradientSummer(params, get_data_parallel_group())
-        self.dp_sum = comm.AllReduce(get_data_parallel_group())
+        self.sharded = gradient_layout is not None
+        dtype = gradient_dtype(params, cast_to_fp32)
+        group = get_data_parallel_group()
+        if self.sharded:
+            self.sum_over_dp = GradientShardReducer(gradient_layout, group, dtype)
+            elements = sum(hi - lo for _, lo, hi in gradient_layout.pieces)
+        else:
+            self.sum_over_dp = GradientSummer(params, group)
+            elements = sum(int(p.size) for p in params)
+        self.gradient_bytes = elements * ms.Tensor(0, dtype).itemsize
+        self.dp_sum = comm.AllReduce(group)
 
     def construct(self, loss, grads):
         if self.dp_size == 1:
-            return loss, grads
+            return loss, self.sum_over_dp(grads) if self.sharded else grads
         return self.dp_sum(loss) / self.dp_size, self.sum_over_dp(grads)
 
 
@@ -87,19 +106,19 @@ class ForwardBackwardNoPipelining(nn.Cell):
         grads  += d(loss_i * loss_multiplier) / d(params)
 
     accumulated as `accumulate` says; then `DataParallelFinalize`: gradients summed over the
-    data-parallel ranks, the loss averaged, for the log.
+    data-parallel ranks (into `gradient_layout`'s pieces, when given), the loss averaged, for the log.
 
     `schedule(stacked, iteration, loss_scale) -> (mean loss, grads)`, grads in `params` order.
     """
 
-    def __init__(self, forward, params, num_micro_batches, accumulate_in_fp32=True):
+    def __init__(self, forward, params, num_micro_batches, accumulate_in_fp32=True, gradient_layout=None):
         super().__init__(auto_prefix=False)
         self.forward = forward
         self.num_micro_batches = num_micro_batches
         self.cast_to_fp32 = casts_to_fp32(params, accumulate_in_fp32)
         self.grad_fn = ms.value_and_grad(self.micro_batch_loss, None, ParameterTuple(params), has_aux=True)
         self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
-        self.finalize = DataParallelFinalize(params)
+        self.finalize = DataParallelFinalize(params, self.cast_to_fp32, gradient_layout)
 
     def micro_batch_loss(self, micro_batch, dropout_key, loss_multiplier):
         """(the loss the backward starts from, the hook's loss in fp32) of one micro-batch; the

@@ -49,10 +49,13 @@ class TrainStep:
 
     `optimizer`: a rapidgpt.optim.OptimizerWrapper (its `parameters` are differentiated);
     `accumulate_in_fp32`: sum micro-batch gradients in fp32 (see the schedule).
+    `gradient_bytes`: the bytes of the gradients the schedule hands the optimizer on this rank.
     """
 
     def __init__(self, forward, optimizer, num_micro_batches, accumulate_in_fp32=True, jit=True):
-        schedule = ForwardBackwardNoPipelining(forward, optimizer.parameters, num_micro_batches, accumulate_in_fp32)
+        schedule = ForwardBackwardNoPipelining(forward, optimizer.parameters, num_micro_batches, accumulate_in_fp32,
+                                               optimizer.gradient_layout)
+        self.gradient_bytes = schedule.finalize.gradient_bytes
         cell = _StepCell(schedule, optimizer)
         self._step = ms.jit(cell.construct) if jit else cell
         self._forward, self._ran = forward, False

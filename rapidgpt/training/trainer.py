@@ -128,9 +128,7 @@ class Trainer:
                                     "rapidgpt.optim.AdamW/SGD or return None to build one from the flags")
         self.timers("model-and-optimizer-setup").start()
         optimizer = wrap_optimizer(optimizer, model, self.args)
-        weights, state = optimizer.held_bytes()
-        self.logger.info(f" > model states held on this rank: weights {weights} bytes, main parameters and "
-                         f"optimizer state {state} bytes")
+        self.logger.info(optimizer.held_line())
         if scheduler is None:
             scheduler = build_lr_scheduler(self.args)
         self.timers("model-and-optimizer-setup").stop()
@@ -203,6 +201,7 @@ class Trainer:
             step = PipelineTrainStep(forward, model, optimizer, n, self.activation_shape(), in_fp32, jit=args.jit)
         else:
             step = TrainStep(forward, optimizer, n, in_fp32, jit=args.jit)
+        self.logger.info(f" > gradients handed to the optimizer on this rank: {step.gradient_bytes} bytes")
         reporter = Reporter(args, train_iters, start_iteration, self.throughput_unit)
         model.set_train(True)
         started, iteration, saved = time.time(), start_iteration, True

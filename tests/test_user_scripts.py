@@ -210,6 +210,7 @@ def test_classification_data_error_is_one_line(env, demo, tmp_path):
 
 
 def test_flag_not_in_this_build(env):
-    result = run(["--task", "pretraining", "--zero-3-memory-optimization"], env, timeout=120)
+    result = run(["--task", "pretraining", "--zero-3-memory-optimization", "--overlap-grad-reduce"], env, timeout=120)
     assert result.returncode == 2
     assert "rapidgpt: error: --zero-3-memory-optimization: not in this build" in result.stderr
+    assert "rapidgpt: error: --overlap-grad-reduce: not in this build (Megatron's overlap" in result.stderr

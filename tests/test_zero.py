@@ -18,7 +18,7 @@ from rapidgpt.theoretical_memory import GPTShape, RunLayout, estimate
 from rapidgpt.tokenizer import padded_vocab_size
 from rapidgpt.training.checkpointing import gathered_tensors
 from test_parallel import (FP16, SCALES, TINY, assert_same_run, assert_same_weights, checkpoint_of,  # noqa: F401
-                           env, msrun, runs, single, skipped, values)          # (env, runs: fixtures)
+                           convert_checkpoint, env, msrun, runs, single, skipped, values)  # (env, runs: fixtures)
 
 ZERO1 = ("--zero-1-memory-optimization",)
 ZERO2 = ("--zero-2-memory-optimization",)
@@ -85,6 +85,25 @@ def test_zero_2_checkpoint_resumes_in_one_process_without_zero(runs, env, tmp_pa
     status, log = single(TINY + ["--load", checkpoint_of(save, 6, tmp_path)], env)
     assert status == 0, log[-3000:]
     assert_same_run(values(log), reference[13:])       # iterations 7..12 and the last two validations
+
+
+def test_a_zero_2_checkpoint_converts_offline_as_any_other(runs, env, tmp_path):
+    """A ZeRO checkpoint holds whole tensors (the optimizer state too), so the offline converter
+    takes the TP=2 x DP=2 ZeRO-2 run's to TP=1 and back without knowing about ZeRO."""
+    import numpy as np
+    _, save, _ = runs(4, 2, *ZERO2)
+    convert_checkpoint(env, save, tmp_path / "tp1", "--target-tensor-parallel-size", "1")
+    convert_checkpoint(env, tmp_path / "tp1", tmp_path / "tp2", "--target-tensor-parallel-size", "2")
+    vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
+    original = gathered_tensors(save)
+    assert any(name.startswith("adam_m.") for name in original)
+    for converted in (gathered_tensors(tmp_path / "tp1"), gathered_tensors(tmp_path / "tp2")):
+        assert sorted(converted) == sorted(original)
+        for name, value in original.items():          # the vocabulary padding depends on the TP size
+            ours = converted[name]
+            if ours.shape != value.shape:
+                ours, value = ours[:vocab_size], value[:vocab_size]
+            np.testing.assert_array_equal(ours, value, err_msg=name)
 
 
 def test_single_process_checkpoint_resumes_with_zero_1_on_dp4(runs, env, tmp_path):

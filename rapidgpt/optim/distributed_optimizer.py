@@ -53,6 +53,9 @@ class _Kind:
 
     def __init__(self, wrapper, pieces):
         self.wrapper, self.pieces, self._whole = wrapper, pieces, None
+        self.of_parameter = {}                   # parameter index -> [(piece, first, end)]
+        for piece, (i, lo, hi) in zip(pieces, wrapper.plan.pieces):
+            self.of_parameter.setdefault(i, []).append((piece, lo, hi))
 
     def whole(self, i):
         if self._whole is None:
@@ -73,9 +76,8 @@ class ShardedState:
 
     def set_data(self, value):
         flat = value.astype(ms.float32).asnumpy().reshape(-1)
-        for piece, (i, lo, hi) in zip(self.kind.pieces, self.kind.wrapper.plan.pieces):
-            if i == self.index:
-                piece.set_data(Tensor(flat[lo:hi].copy()))
+        for piece, lo, hi in self.kind.of_parameter.get(self.index, ()):
+            piece.set_data(Tensor(flat[lo:hi].copy()))
 
 
 class DistributedOptimizerWrapper(OptimizerWrapper):

@@ -127,8 +127,8 @@ NOT_YET = {
         ("--num-layers-per-virtual-pipeline-stage", None), ("--decoder-first-pipeline-num-layers", None),
         ("--decoder-last-pipeline-num-layers", None), ("--sequence-parallel", False)],
     "Megatron's overlap of communication with compute: the step is one compiled graph whose runtime orders "
-    "its collectives, and reducing gradients in backward-order buckets measured no faster on CPU; see the "
-    "README, ZeRO optimizer sharding": [
+    "its collectives, and reducing gradients in backward-order buckets measured no faster on CPU, so "
+    "RapidGPT does not offer it; see the README, ZeRO optimizer sharding": [
         ("--overlap-grad-reduce", False), ("--overlap-param-gather", False)],
 }
 

@@ -253,10 +253,16 @@ def test_recompute_of_a_cell_without_a_layer_list_or_rapidgpt_attention_is_refus
 
 def test_an_optimizer_that_cannot_be_rebuilt_over_fp32_main_parameters_is_refused():
     from types import SimpleNamespace
+    from rapidgpt.config.zero import ZeroConfig
     from rapidgpt.optim.mixed_precision import OptimizerRebuildError, wrap_optimizer
     net = nn.Dense(2, 2)
     foreign = SimpleNamespace(parameters=net.trainable_params())          # not RapidGPT's AdamW/SGD
     args = SimpleNamespace(precision=PrecisionConfig(params_dtype="float16"), clip_grad=1.0)
     with pytest.raises(OptimizerRebuildError, match="--fp16: the SimpleNamespace from model_optimizer_lr_scheduler_"
                                                     "provider cannot be rebuilt over fp32 main parameters"):
+        wrap_optimizer(foreign, net, args)
+    args.zero = ZeroConfig(2, "--zero-2-memory-optimization")
+    with pytest.raises(OptimizerRebuildError, match="--zero-2-memory-optimization: the SimpleNamespace from "
+                                                    "model_optimizer_lr_scheduler_provider cannot be rebuilt over "
+                                                    "this rank's shard of the parameters"):
         wrap_optimizer(foreign, net, args)

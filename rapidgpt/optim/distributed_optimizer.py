@@ -6,7 +6,8 @@ its 1/N of the gradients.
 Layout (ShardPlan, rapidgpt/parallel/data_parallel.py): the model's parameters laid end to end, in
 order, as one flat vector of Psi elements padded to N x S (S = ceil(Psi / N)); data-parallel rank
 r owns elements [r S, (r+1) S): of every parameter, the piece of its flattened elements that falls
-in that range (a parameter may be cut between two ranks). The pieces are fp32 Parameters (`zero_shard.<name>`, 1-D) that
+in that range (a parameter may be cut between two ranks). The pieces are fp32 Parameters
+(`zero_shard.<name>`, 1-D) that
 the inner optimizer (RapidGPT's AdamW or SGD, rebuilt over them, each piece decayed as the
 parameter it is cut from) steps. Both optimizers are elementwise, so every element gets the very
 update an unsharded run computes.
@@ -22,11 +23,15 @@ unsharded run on every rank. Then, both stages, one all-gather of the [N x S] fp
 data-parallel group (rapidgpt.parallel.comm: native on HCCL/NCCL, exact on CPU) gives every
 model parameter its updated elements (cast to 16 bits in fp16/bf16 runs).
 
-Memory per rank, stage 1: weights and gradients as without ZeRO, main parameters and optimizer
-state 1/N: 2 Psi + 2 Psi + 12 Psi / N bytes for mixed-precision Adam (the ZeRO paper's 4 Psi +
-12 Psi / N); in fp32 runs 4 Psi + 4 Psi + 12 Psi / N; stage 2: the gradients 1/N too, once reduced
-(2 Psi + 14 Psi / N; the micro-batches are accumulated into whole gradients first, as in Megatron) (MindSpore has no Parameter that is a view of another, so
-the fp32 pieces are copies of the model's elements).
+Memory per rank at the step boundary (fp16 with Adam, gradients reduced in fp16; gradients count
+4 bytes instead of 2 when they are accumulated in fp32): stage 1, weights and gradients as
+without ZeRO, main parameters and optimizer state 1/N: 2 Psi + 2 Psi + 12 Psi / N bytes (the ZeRO
+paper's 4 Psi + 12 Psi / N); stage 2, the gradients 1/N too: 2 Psi + 14 Psi / N. In fp32 runs the
+main pieces are copies of the model's elements (MindSpore has no Parameter that is a view of
+another): 4 Psi + 4 Psi + 12 Psi / N at stage 1. Within the step, stage 2 still accumulates the
+micro-batches into whole gradients (as Megatron does) and reduce-scatters one flat copy of them
+(Megatron cuts its buffer into buckets; one vector is simpler and costs one more gradient-sized
+buffer while the reduction runs).
 
 Checkpoints hold the same tensors as without ZeRO (each parameter's fp32 value and its optimizer
 state under the parameter's name, whole): `checkpoint_tensors` returns ShardedState entries
@@ -40,7 +45,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 from rapidgpt.optim.mixed_precision import OptimizerWrapper
 from rapidgpt.parallel import comm
-from rapidgpt.parallel.data_parallel import ShardPlan
+from rapidgpt.parallel.data_parallel import ShardPlan, padded_cat
 from rapidgpt.parallel.state import (get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size,
                                      get_parallel_state)
 
@@ -87,21 +92,25 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
 
     def __init__(self, model_params, make_optimizer, weight_decays, precision, clip_grad, shard_gradients=False):
         self.owner_decays = tuple(weight_decays)
+        self.shards_gradients = shard_gradients             # a bool for the graph: gradient_layout is set
         super().__init__(model_params, make_optimizer, precision, clip_grad)
-        self.shards_gradients = shard_gradients
         if shard_gradients:
             self.gradient_layout = self.plan
             self.in_norm = tuple(self.in_norm[i] for i, _, _ in self.plan.pieces)
-            everyone = comm.new_group(range(get_parallel_state().world_size))
-            self.norm_sum_over_ranks = comm.AllReduce(everyone) if everyone is not None else None
+
+    def _norm_group(self):
+        """ZeRO-2: every rank (DP x TP x PP), each data-parallel rank holding other pieces."""
+        if not self.shards_gradients:
+            return super()._norm_group()
+        return comm.new_group(range(get_parallel_state().world_size))
 
     def _build_main_params(self, make_optimizer):
         group = get_data_parallel_group()
         self.plan = ShardPlan([tuple(p.shape) for p in self.parameters], get_data_parallel_world_size(),
                               get_data_parallel_rank())
-        if not self.plan.pieces:
+        if (self.plan.size - 1) * self.plan.shard >= self.plan.total:   # decided alike on every rank
             raise ValueError(f"ZeRO: the model's {self.plan.total} parameters are too few to give each of "
-                             f"{get_data_parallel_world_size()} data-parallel ranks a piece")
+                             f"{self.plan.size} data-parallel ranks a piece")
         self.main_params = ParameterTuple(
             Parameter(Tensor(self.parameters[i].value().astype(ms.float32).asnumpy().reshape(-1)[lo:hi].copy()),
                       name=PIECE_PREFIX + self.parameters[i].name, requires_grad=False)
@@ -110,16 +119,13 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
         self.all_gather = comm.AllGather(group, axis=0)
         self.shapes = tuple(tuple(p.shape) for p in self.parameters)
 
-    def sharding(self):
+    def sharding_note(self):
         return f" (ZeRO stage {2 if self.shards_gradients else 1}: 1/{self.plan.size} of the flat parameters)"
 
     def gather_pieces(self, pieces):
         """Every model parameter's whole value (fp32, in model order) from this rank's `pieces` (one
         tensor per piece, in plan order) and the other data-parallel ranks'."""
-        parts = list(pieces)
-        if self.plan.padding:
-            parts.append(ops.zeros((self.plan.padding,), ms.float32))
-        flat = self.all_gather(ops.cat(parts))
+        flat = self.all_gather(padded_cat(pieces, self.plan.padding, ms.float32))
         return tuple(flat[a:a + math.prod(shape)].reshape(shape) for a, shape in zip(self.plan.offsets, self.shapes))
 
     def step(self, grads, lr):

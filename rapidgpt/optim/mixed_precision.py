@@ -4,12 +4,14 @@ FP32Optimizer do it.
 
     grads            one per model parameter, in the model's dtype, averaged over the step's
                      micro-batches and the data-parallel ranks, multiplied by the loss scale
+                     (ZeRO-2: only this rank's pieces of them, see distributed_optimizer.py)
     prepare          16-bit runs: cast to fp32 (the main parameters' gradients)
     unscale          x 1 / loss scale (when the loss is scaled)
     norm, found_inf  the global L2 norm over the whole model: every rank adds the sums of squares
                      of the gradients it counts (its tensor-parallel shards, each replicated
                      parameter on one TP rank, the tied embeddings on the first pipeline stage
-                     only) over the model-parallel group (TP x PP). found_inf = the norm is
+                     only) over the model-parallel group (TP x PP; under ZeRO-2 over every rank,
+                     each data-parallel rank holding other pieces). found_inf = the norm is
                      not finite, so every rank of the model-parallel group agrees on it, and the
                      data-parallel ranks do too: they hold the same averaged gradients.
     scaler.update    Megatron's loss-scale rule (rapidgpt/optim/grad_scaler.py)
@@ -66,8 +68,13 @@ class OptimizerWrapper(nn.Cell):
         first = get_tensor_model_parallel_rank() == 0
         self.in_norm = tuple((first or getattr(p, "tensor_model_parallel", False))
                              and not getattr(p, "pipeline_shared_copy", False) for p in self.parameters)
-        group = get_model_parallel_group()
+        group = self._norm_group()
         self.norm_sum_over_ranks = comm.AllReduce(group) if comm.group_size(group) > 1 else None
+
+    def _norm_group(self):
+        """The ranks whose sums of squares make the global norm: the model-parallel group (TP x PP;
+        the data-parallel ranks hold the same averaged gradients)."""
+        return get_model_parallel_group()
 
     def _build_main_params(self, make_optimizer):
         """The parameters the inner optimizer steps (`main_params`) and the inner optimizer."""
@@ -134,9 +141,10 @@ class OptimizerWrapper(nn.Cell):
         """The start-up log line of `held_bytes` (with the ZeRO stage when sharded)."""
         weights, state = self.held_bytes()
         return (f" > model states held on this rank: weights {weights} bytes, main parameters and optimizer "
-                f"state {state} bytes{self.sharding()}")
+                f"state {state} bytes{self.sharding_note()}")
 
-    def sharding(self):
+    def sharding_note(self):
+        """What the held-bytes line adds about sharding (nothing without ZeRO)."""
         return ""
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -207,7 +215,7 @@ def _sharded_wrapper(optimizer, model, args):
     else:
         if not hasattr(optimizer, "with_parameters"):
             raise OptimizerRebuildError(
-                f"{args.zero.flag()}: the {type(optimizer).__name__} from "
+                f"{args.zero.flag}: the {type(optimizer).__name__} from "
                 f"model_optimizer_lr_scheduler_provider cannot be rebuilt over this rank's shard of the "
                 f"parameters; return rapidgpt.optim.AdamW/SGD, or None to build one from the flags")
         params, decays = list(optimizer.parameters), optimizer.weight_decays

@@ -83,6 +83,15 @@ class ShardPlan:
         self.pieces = tuple((i, max(start, a) - a, min(end, a + n) - a)
                             for i, (a, n) in enumerate(zip(self.offsets, counts)) if a < end and a + n > start)
         self.padding = self.shard - sum(hi - lo for _, lo, hi in self.pieces)
+        self.flat_padding = size * self.shard - self.total          # all ranks' padding: the last ranks'
+
+
+def padded_cat(parts, zeros, dtype):
+    """The 1-D `parts` end to end, then `zeros` zeros: a flat vector of a ShardPlan's layout."""
+    parts = list(parts)
+    if zeros:
+        parts.append(ops.zeros((zeros,), dtype))
+    return ops.cat(parts)
 
 
 class GradientShardReducer(nn.Cell):
@@ -93,7 +102,7 @@ class GradientShardReducer(nn.Cell):
     def __init__(self, plan, group, dtype):
         super().__init__()
         self.dtype = dtype
-        self.padding = plan.shard * plan.size - plan.total
+        self.flat_padding = plan.flat_padding
         self.reduce_scatter = comm.ReduceScatter(group)
         bounds, start = [], 0
         for _, lo, hi in plan.pieces:
@@ -102,8 +111,6 @@ class GradientShardReducer(nn.Cell):
         self.bounds = tuple(bounds)
 
     def construct(self, grads):
-        parts = [ops.cast(g.reshape(-1), self.dtype) for g in grads]
-        if self.padding:
-            parts.append(ops.zeros((self.padding,), self.dtype))
-        shard = self.reduce_scatter(ops.cat(parts))
+        flat = padded_cat([ops.cast(g.reshape(-1), self.dtype) for g in grads], self.flat_padding, self.dtype)
+        shard = self.reduce_scatter(flat)
         return tuple(shard[a:b] for a, b in self.bounds)

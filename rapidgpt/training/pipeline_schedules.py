@@ -93,9 +93,9 @@ class ForwardBackwardPipelining:
 
     `schedule(stacked, iteration, loss_scale) -> (mean loss of the step, grads)` on every stage (the
     last stage's loss), grads in `params` order, summed over the micro-batches (each micro-batch's
-    loss multiplied by loss_scale / (m * dp), as without pipelining), for the tied word embeddings
-    over the embedding group (first + last stage), then over the data-parallel ranks (into
-    `gradient_layout`'s pieces when given: ZeRO-2).
+    loss multiplied by loss_scale / (m * dp), as without pipelining), then over the data-parallel
+    ranks and, for the tied word embeddings, over the embedding group (first + last stage); with a
+    `gradient_layout` (ZeRO-2) the embedding group first, then reduce-scattered into its pieces.
     """
 
     def __init__(self, forward, model, params, num_micro_batches, activation_shape, activation_dtype,
@@ -173,10 +173,16 @@ class ForwardBackwardPipelining:
             if self.timers.measuring(2):    # count asynchronous work in the action that queued it
                 ms.runtime.synchronize()
             timer.stop()
-        # The embedding sum first (Megatron sums over DP first): under ZeRO-2 the DP sum leaves
-        # pieces cut by each stage's own layout, and the two stages' pieces of the tied copies differ.
-        grads = self._sum_embedding_grads(grads)
-        loss, grads = self.finalize_dp(total / m if self.last else ops.zeros((), ms.float32), grads)
+        loss = total / m if self.last else ops.zeros((), ms.float32)
+        if self.finalize_dp.sharded:
+            # ZeRO-2: the tied embeddings first, as the DP reduction leaves pieces cut by each
+            # stage's own layout. (Megatron's order, DP then embedding group, leaves both copies
+            # the same bits whatever the DP collective's summation order; here the two stages'
+            # reduce-scatters must sum alike, as the CPU emulation and a 2-rank DP group do.)
+            loss, grads = self.finalize_dp(loss, self._sum_embedding_grads(grads))
+        else:
+            loss, grads = self.finalize_dp(loss, grads)
+            grads = self._sum_embedding_grads(grads)
         return self.pipeline_sum(loss), grads   # every stage: the last stage's loss
 
     def _sum_embedding_grads(self, grads):
@@ -192,7 +198,7 @@ class ForwardBackwardPipelining:
 
 class PipelineTrainStep:
     """`step(stacked, lr, iteration) -> StepResult` with pipeline parallelism: the 1F1B schedule,
-    then the compiled optimizer wrapper (norm and overflow over TP x PP)."""
+    then the compiled optimizer wrapper (norm and overflow over TP x PP; every rank under ZeRO-2)."""
 
     def __init__(self, forward, model, optimizer, num_micro_batches, activation_shape, accumulate_in_fp32=True,
                  jit=True):

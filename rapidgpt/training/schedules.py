@@ -62,6 +62,10 @@ def accumulate(grads, micro_grads, cast_to_fp32):
     return micro_grads if grads is None else tuple(a + b for a, b in zip(grads, micro_grads))
 
 
+def _itemsize(dtype):
+    return ms.Tensor(0, dtype).itemsize
+
+
 def gradient_dtype(params, cast_to_fp32):
     """The dtype of the step's accumulated gradients (fp32 when cast, or when the parameters'
     dtypes differ and the gradients must share one flat buffer)."""
@@ -84,11 +88,11 @@ class DataParallelFinalize(nn.Cell):
         group = get_data_parallel_group()
         if self.sharded:
             self.sum_over_dp = GradientShardReducer(gradient_layout, group, dtype)
-            elements = sum(hi - lo for _, lo, hi in gradient_layout.pieces)
+            self.gradient_bytes = (gradient_layout.shard - gradient_layout.padding) * _itemsize(dtype)
         else:
             self.sum_over_dp = GradientSummer(params, group)
-            elements = sum(int(p.size) for p in params)
-        self.gradient_bytes = elements * ms.Tensor(0, dtype).itemsize
+            self.gradient_bytes = sum(int(p.size) * _itemsize(ms.float32 if cast_to_fp32 else p.dtype)
+                                      for p in params)
         self.dp_sum = comm.AllReduce(group)
 
     def construct(self, loss, grads):

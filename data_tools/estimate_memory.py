@@ -25,7 +25,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rapidgpt.arguments import build_parser, validate_args  # noqa: E402
-from rapidgpt.config.zero import take_zero_flags  # noqa: E402
 from rapidgpt.flag_parser import ArgumentError, Problems  # noqa: E402
 from rapidgpt.theoretical_memory import estimate, format_bytes, layout_from_args, shape_from_args  # noqa: E402
 
@@ -57,9 +56,7 @@ def parse(argv):
     args, problems = build_parser().parse(rest)
     check = Problems()
     check.messages += problems
-    zero = None
     try:
-        zero = take_zero_flags(args, check)
         if args.train_iters is None and args.train_samples is None:
             args.train_iters = 1                # the length of training changes nothing here
         world_size = mine.world_size or args.nproc_per_node * (args.nnodes or 1)
@@ -72,12 +69,13 @@ def parse(argv):
         for message in check.messages:
             print(f"{PROG}: error: {message}", file=sys.stderr)
         sys.exit(2)
-    return args, mine, vocab, zero
+    return args, mine, vocab
 
 
 def main(argv=None):
-    args, mine, vocab, zero = parse(sys.argv[1:] if argv is None else argv)
-    shape, layout = shape_from_args(args, vocab), layout_from_args(args, zero.stage)
+    args, mine, vocab = parse(sys.argv[1:] if argv is None else argv)
+    zero = args.zero
+    shape, layout = shape_from_args(args, vocab), layout_from_args(args)
     result = estimate(shape, layout)
     if mine.json:
         print(json.dumps(result.as_dict(), indent=1))

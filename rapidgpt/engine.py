@@ -127,7 +127,8 @@ class RapidGPTEngine:
                                 "--train-iters (or --train-samples); give one, or pass your lr_scheduler")
         check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
-        prepare_model(model, self.args.precision, self.args.recompute, get_logger(), self.args.jit)
+        prepare_model(model, self.args.precision, self.args.recompute, get_logger(), self.args.jit,
+                      zero=self.args.zero)
         model.set_train(True)          # MindSpore cells start in eval mode (no dropout)
         optimizer = wrap_optimizer(optimizer, model, self.args)
         get_logger().info(optimizer.held_line())

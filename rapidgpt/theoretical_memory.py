@@ -24,10 +24,12 @@ data-parallel size), the ZeRO paper's accounting (Rajbhandari et al. 2020) for w
     gradients    Psi x 4 bytes when accumulated in fp32 (fp32, bf16, fp16 with
                  --accumulate-allreduce-grads-in-fp32), else 2;               ZeRO-2, 3: / N
     optimizer    Adam m and v 8 bytes, SGD momentum 4 (none without momentum), plus the fp32 main
-                 parameters 4 bytes in 16-bit runs and under ZeRO;            ZeRO-1, 2, 3: / N
+                 parameters 4 bytes in 16-bit runs and, as copies, in fp32 runs
+                 under ZeRO-1/2;                                              ZeRO-1, 2, 3: / N
 
 so 16 Psi bytes for mixed-precision Adam without ZeRO, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N and
-16 Psi/N for stages 1, 2, 3 (a shard is rounded up to whole elements).
+16 Psi/N for stages 1, 2, 3 (a shard is rounded up to whole elements; ZeRO-3 rounds each layer's
+up, so a rank holds up to one element per layer more than this).
 
 Activations per rank, after Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models"), for a micro-batch b, sequence s, a heads, e bytes per activation element (2
@@ -220,19 +222,20 @@ def estimate(shape, layout):
         stages=[dict(asdict(st), total_bytes_per_rank=st.total_bytes) for st in stages])
 
 
-def optimizer_bytes_per_parameter(optimizer, sgd_momentum, half, sharded=False):
+def optimizer_bytes_per_parameter(optimizer, sgd_momentum, half, main_copies=False):
     """Bytes of optimizer state per parameter (before sharding): Adam's m and v, SGD's momentum,
-    and the fp32 main parameters in 16-bit runs and under ZeRO (whose fp32 pieces are copies:
-    rapidgpt/optim/distributed_optimizer.py)."""
+    and the fp32 main parameters in 16-bit runs, or with `main_copies` (ZeRO stages 1 and 2, whose
+    fp32 pieces are copies of the whole fp32 parameters: rapidgpt/optim/distributed_optimizer.py;
+    at stage 3 the model's fp32 pieces are the main parameters)."""
     state = 8 if optimizer == "adam" else (4 if sgd_momentum else 0)
-    return state + (4 if half or sharded else 0)
+    return state + (4 if half or main_copies else 0)
 
 
-def layout_from_args(args, zero_stage=None):
+def layout_from_args(args):
     """The RunLayout of validated training flags (rapidgpt.arguments)."""
     precision, recompute = args.precision, args.recompute
     params_bytes = 2 if precision.half else 4
-    zero_stage = args.zero.stage if zero_stage is None else zero_stage
+    zero_stage = args.zero.stage
     return RunLayout(
         tensor_parallel=args.tensor_model_parallel_size, pipeline_parallel=args.pipeline_model_parallel_size,
         data_parallel=args.data_parallel_size, zero_stage=zero_stage,
@@ -240,7 +243,7 @@ def layout_from_args(args, zero_stage=None):
         params_bytes=params_bytes,
         grad_bytes=4 if precision.accumulate_allreduce_grads_in_fp32 else params_bytes,
         optimizer_bytes=optimizer_bytes_per_parameter(args.optimizer, args.sgd_momentum, precision.half,
-                                                      zero_stage >= 1),
+                                                      zero_stage in (1, 2)),
         recompute_granularity=recompute.granularity, recompute_method=recompute.method,
         recompute_num_layers=recompute.num_layers or 1)
 

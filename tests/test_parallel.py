@@ -231,7 +231,8 @@ def test_convert_checkpoint_changes_the_tensor_parallel_size(runs, env, tmp_path
 
 
 def test_any_model_gets_data_parallelism_and_tensor_parallelism_needs_its_layers(env, tmp_path):
-    """A Finetuner's own nn.Cell on DP=2, plain and with ZeRO-2 (its gradients and Adam state sharded)."""
+    """A Finetuner's own nn.Cell on DP=2, plain and with ZeRO-2 (its gradients and Adam state
+    sharded); ZeRO-3 and tensor parallelism, which need RapidGPT's layers, refuse it."""
     flags = ["--user-script", "tests/distributed/mlp_finetuner.py", "--micro-batch-size", "8",
              "--global-batch-size", "16", "--epochs", "2", "--lr", "1e-2", "--log-interval", "1", "--no-progress-bar"]
     status, log = single(flags, env)
@@ -246,6 +247,10 @@ def test_any_model_gets_data_parallelism_and_tensor_parallelism_needs_its_layers
     status, log = msrun(2, ["rapidgpt/cli.py"] + flags + ["--tensor-model-parallel-size", "2"], tmp_path / "tp2", env)
     assert status != 0
     assert "--tensor-model-parallel-size 2: the model (SequentialCell) has no tensor-parallel layers" in log
+    status, log = single(flags + ["--zero-3-memory-optimization"], env)       # any DP size: the same check
+    assert status == 1 and "Traceback" not in log, log[-3000:]
+    assert ("rapidgpt: error: --zero-3-memory-optimization: the model (SequentialCell) has trainable parameters "
+            "outside RapidGPT's layers (0.weight, 0.bias, 2.weight, ...)") in log
 
 
 @pytest.mark.parametrize("target", ["launcher", "rank 1"])

@@ -73,10 +73,10 @@ def test_megatron_and_fsdp_spellings_and_the_sharded_layout(capsys):
     shape = GPTShape(8, 512, 8, 2048, 256, 256, 1024)          # 1000 padded to 128 x TP 2
     psi = [stage_parameters(shape, stage, 2, 2) for stage in (0, 1)]
     assert [st["parameters_per_rank"] for st in found["stages"]] == psi
-    for st in found["stages"]:          # fp32 AdamW, DP = 8 / (2 x 2) = 2, everything sharded (the main
-        shard = math.ceil(st["parameters_per_rank"] / 2)
+    for st in found["stages"]:          # fp32 AdamW, DP = 8 / (2 x 2) = 2, everything sharded; the fp32
+        shard = math.ceil(st["parameters_per_rank"] / 2)           # pieces are the main parameters
         assert (st["weight_bytes_per_rank"], st["gradient_bytes_per_rank"], st["optimizer_bytes_per_rank"]) == \
-            (4 * shard, 4 * shard, 12 * shard)        # copy included)
+            (4 * shard, 4 * shard, 8 * shard)
 
 
 def test_activations_follow_korthikanti_et_al():

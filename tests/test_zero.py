@@ -22,8 +22,10 @@ from test_parallel import (FP16, SCALES, TINY, assert_same_run, assert_same_weig
 
 ZERO1 = ("--zero-1-memory-optimization",)
 ZERO2 = ("--zero-2-memory-optimization",)
-ZERO = {0: (), 1: ZERO1, 2: ZERO2}
+ZERO3 = ("--zero-3-memory-optimization",)
+ZERO = {0: (), 1: ZERO1, 2: ZERO2, 3: ZERO3}
 PP2 = ("--pipeline-model-parallel-size", "2")
+FULL_RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
 RAPIDFORMER = (*PP2, *ZERO2, "--checkpoint-activations", "--mixed-precision", *FP16[1:])   # with TP=2, 8 ranks
 HELD = re.compile(r"model states held on this rank: weights (\d+) bytes, main parameters and optimizer state "
                   r"(\d+) bytes")
@@ -44,8 +46,10 @@ def test_shard_plan_cuts_the_flat_parameters_into_equal_ranges():
 
 
 @pytest.mark.parametrize("nproc, tp, layout, stage", [(2, 1, (), 1), (4, 1, (), 1), (2, 1, (), 2), (4, 1, (), 2),
-                                                     (4, 2, (), 2), (4, 1, PP2, 2)],
-                         ids=["zero1-dp2", "zero1-dp4", "zero2-dp2", "zero2-dp4", "zero2-tp2xdp2", "zero2-pp2xdp2"])
+                                                     (4, 2, (), 2), (4, 1, PP2, 2), (2, 1, (), 3), (4, 1, (), 3),
+                                                     (4, 1, PP2 + FULL_RECOMPUTE, 3)],
+                         ids=["zero1-dp2", "zero1-dp4", "zero2-dp2", "zero2-dp4", "zero2-tp2xdp2", "zero2-pp2xdp2",
+                              "zero3-dp2", "zero3-dp4", "zero3-pp2xdp2-recompute"])
 def test_zero_reproduces_the_single_process_run(runs, nproc, tp, layout, stage):
     found, save, log = runs(nproc, tp, *layout, *ZERO[stage])
     reference, single_save, _ = runs(1, 1)
@@ -67,12 +71,14 @@ def assert_follows_the_fp16_run(found, log, reference, reference_log, overflows=
             assert ours == pytest.approx(expected, rel=5e-3), (name, ours, expected)
 
 
-@pytest.mark.parametrize("stage, accumulation", [(1, ()), (2, ("--accumulate-allreduce-grads-in-fp32",))],
-                         ids=["zero1", "zero2-fp32-grads"])
-def test_fp16_zero_follows_the_single_process_fp16_run(runs, stage, accumulation):
+@pytest.mark.parametrize("nproc, tp, stage, accumulation", [(2, 1, 1, ()), (2, 1, 2, ("--accumulate-allreduce-grads-in-fp32",)),
+                                                          (4, 2, 3, ())],
+                         ids=["zero1", "zero2-fp32-grads", "zero3-tp2xdp2"])
+def test_fp16_zero_follows_the_single_process_fp16_run(runs, nproc, tp, stage, accumulation):
     """ZeRO-1 with fp16 gradients (some overflow in these 12 iterations); ZeRO-2 reduce-scattering
-    fp32-accumulated gradients (none overflow)."""
-    found, _, log = runs(2, 1, *FP16, *accumulation, *ZERO[stage])
+    fp32-accumulated gradients (none overflow); ZeRO-3 at TP=2 x DP=2, gathering fp16 weights and
+    reduce-scattering fp16 gradients in each micro-batch's backward."""
+    found, _, log = runs(nproc, tp, *FP16, *accumulation, *ZERO[stage])
     assert_follows_the_fp16_run(found, log, *runs(1, 1, *FP16, *accumulation)[::2], overflows=not accumulation)
 
 
@@ -84,12 +90,21 @@ def test_rapidformers_switch_set_on_8_ranks_follows_the_single_process_fp16_run(
     assert_follows_the_fp16_run(found, log, *runs(1, 1, *FP16)[::2])
 
 
-def test_zero_2_checkpoint_resumes_in_one_process_without_zero(runs, env, tmp_path):
+def test_a_checkpoint_resumes_across_zero_stages_and_data_parallel_sizes(runs, env, tmp_path):
+    """ZeRO-2 at DP=2 -> one process without ZeRO -> ZeRO-3 at DP=2, and -> ZeRO-1 at DP=4: each
+    leg prints what the uninterrupted single-process run prints (optimizer state included)."""
     _, save, _ = runs(2, 1, *ZERO2)
     reference, _, _ = runs(1, 1)
-    status, log = single(TINY + ["--load", checkpoint_of(save, 6, tmp_path)], env)
+    middle = tmp_path / "single"
+    status, log = single(TINY + ["--load", checkpoint_of(save, 6, tmp_path / "zero2"), "--save", str(middle),
+                                 "--exit-interval", "9"], env)
     assert status == 0, log[-3000:]
-    assert_same_run(values(log), reference[13:])       # iterations 7..12 and the last two validations
+    assert_same_run(values(log), reference[13:19])      # iterations 7..9
+    for nproc, zero in ((2, ZERO3), (4, ZERO1)):
+        status, log = msrun(nproc, ["rapidgpt/cli.py"] + TINY + ["--load", str(middle), *zero],
+                            tmp_path / f"logs{nproc}", env)
+        assert status == 0, log[-3000:]
+        assert_same_run(values(log), reference[19:])    # iterations 10..12 and the last two validations
 
 
 def test_a_zero_2_checkpoint_converts_offline_as_any_other(runs, env, tmp_path):
@@ -111,35 +126,35 @@ def test_a_zero_2_checkpoint_converts_offline_as_any_other(runs, env, tmp_path):
             np.testing.assert_array_equal(ours, value, err_msg=name)
 
 
-def test_single_process_checkpoint_resumes_with_zero_1_on_dp4(runs, env, tmp_path):
-    _, save, _ = runs(1, 1)
-    reference, _, _ = runs(1, 1)
-    load = checkpoint_of(save, 6, tmp_path / "load")
-    status, log = msrun(4, ["rapidgpt/cli.py"] + TINY + ["--load", load, *ZERO1], tmp_path / "logs", env)
-    assert status == 0, log[-3000:]
-    assert_same_run(values(log), reference[13:])
-
-
-@pytest.mark.parametrize("nproc, stage", [(1, 0), (2, 1), (4, 1), (2, 2), (4, 2)])
+@pytest.mark.parametrize("nproc, stage", [(1, 0), (2, 1), (4, 1), (2, 2), (4, 2), (2, 3), (4, 3)])
 def test_each_rank_holds_what_the_memory_estimate_says(runs, nproc, stage):
     """Rank 0's weights, the gradients its optimizer is handed and its fp32 main parameters + Adam
     moments, measured from the tensors it holds, against the estimate (the optimizer's unsharded
-    scalars: step count, learning rate) and the ZeRO paper's terms (fp32: 4 + 4 + 12 bytes)."""
+    scalars: step count, learning rate) and the ZeRO paper's terms (fp32: 4 + 4 + 12 bytes, at
+    stage 3 4 + 4 + 8: the fp32 pieces are the main parameters). Stage 3 shards each layer on its
+    own: rank 0 holds ceil(size / N) elements of each, at most one per layer more than ceil(Psi / N)."""
     _, save, log = runs(nproc, 1, *ZERO[stage])
     weights, state = map(int, HELD.search(log).groups())
     gradients = int(HANDED.search(log).group(1))
     def flag(name):
         return int(TINY[TINY.index(name) + 1])
-    h, s = flag("--hidden-size"), flag("--seq-length")
+    h, s, layers = flag("--hidden-size"), flag("--seq-length"), flag("--num-layers")
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
-    shape = GPTShape(flag("--num-layers"), h, flag("--num-attention-heads"), 4 * h, s, s,
-                     padded_vocab_size(vocab_size, flag("--make-vocab-size-divisible-by")))
-    expected = estimate(shape, RunLayout(data_parallel=nproc, zero_stage=stage, optimizer_bytes=12 if stage else 8))
+    padded = padded_vocab_size(vocab_size, flag("--make-vocab-size-divisible-by"))
+    shape = GPTShape(layers, h, flag("--num-attention-heads"), 4 * h, s, s, padded)
+    expected = estimate(shape, RunLayout(data_parallel=nproc, zero_stage=stage,
+                                         optimizer_bytes=12 if stage in (1, 2) else 8))
+    psi, shard = expected.parameters, math.ceil(expected.parameters / nproc)      # rank 0's shard: no padding
+    scalars = 4 + 4                                      # adam_step (int32), learning_rate (fp32)
+    if stage == 3:
+        units = [12 * h * h + 13 * h] * layers + [padded * h, s * h, 2 * h]     # layers, embeddings, final LN
+        held = sum(math.ceil(n / nproc) for n in units)
+        assert sum(units) == psi and 0 <= held - shard < len(units)
+        assert (weights, gradients, state - scalars) == (4 * held, 4 * held, 8 * held)
+        return
     assert weights == expected.weight_bytes_per_rank
     assert gradients == expected.gradient_bytes_per_rank
-    scalars = 4 + 4                                      # adam_step (int32), learning_rate (fp32)
     assert state - scalars == expected.optimizer_bytes_per_rank
-    psi, shard = expected.parameters, math.ceil(expected.parameters / nproc)      # rank 0's shard: no padding
     assert weights == 4 * psi
     assert gradients == 4 * (shard if stage >= 2 else psi)
     assert state - scalars == (12 * shard if stage >= 1 else 8 * psi)

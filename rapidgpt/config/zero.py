@@ -4,13 +4,12 @@
     --zero-2-memory-optimization                                stage 2: also the gradients
     --zero-3-memory-optimization, --fsdp-memory-optimization    stage 3: also the parameters
 
-over each pipeline stage's data-parallel group. Stages 1 and 2 train (rapidgpt/optim/distributed_optimizer.py);
-stage 3 is not in this build yet (refused with a message); data_tools/estimate_memory.py
-estimates what every stage holds (rapidgpt/theoretical_memory.py).
+over each pipeline stage's data-parallel group (stages 1 and 2: rapidgpt/optim/distributed_optimizer.py;
+stage 3: rapidgpt/parallel/fully_sharded.py, for models built of RapidGPT's layers);
+data_tools/estimate_memory.py estimates what every stage holds (rapidgpt/theoretical_memory.py).
 """
 from dataclasses import dataclass
 
-TRAINED_STAGES = (1, 2)
 STAGE_OF_FLAG = {"--zero-1-memory-optimization": 1, "--use-distributed-optimizer": 1,
                  "--zero-2-memory-optimization": 2, "--zero-3-memory-optimization": 3,
                  "--fsdp-memory-optimization": 3}
@@ -40,8 +39,8 @@ class ZeroConfig:
 def add_zero_args(parser):
     g = parser.add_argument_group(
         "ZeRO optimizer sharding",
-        "Shard model states over the data-parallel ranks. Stages 1 and 2 train; stage 3 is not in this "
-        "build yet (refused). data_tools/estimate_memory.py shows the memory each stage takes")
+        "Shard model states over the data-parallel ranks (stage 3 needs a model built of RapidGPT's layers; "
+        "1 and 2 work with any model). data_tools/estimate_memory.py shows the memory each stage takes")
     g.add_argument("--zero-1-memory-optimization", action="store_true",
                    help="ZeRO stage 1: each data-parallel rank keeps its shard of the optimizer state")
     g.add_argument("--use-distributed-optimizer", action="store_true",
@@ -49,7 +48,8 @@ def add_zero_args(parser):
     g.add_argument("--zero-2-memory-optimization", action="store_true",
                    help="ZeRO stage 2: also the gradients are sharded")
     g.add_argument("--zero-3-memory-optimization", action="store_true",
-                   help="ZeRO stage 3: also the parameters are sharded")
+                   help="ZeRO stage 3: also the parameters are sharded, each layer's gathered for its forward "
+                        "and backward")
     g.add_argument("--fsdp-memory-optimization", action="store_true",
                    help="Rapidformer's FSDP switch: the same as ZeRO stage 3")
 
@@ -67,19 +67,4 @@ def _check_one_stage(args, check):
 def check_zero_args(args, check):
     """Validate into `check` (a flag_parser.Problems) and set `args.zero` (a ZeroConfig)."""
     _check_one_stage(args, check)
-    for flag in _given(args):
-        check.require(STAGE_OF_FLAG[flag] in TRAINED_STAGES,
-                      f"{flag}: not in this build (ZeRO stage 3 arrives with a later release; stages 1 and 2, "
-                      f"--zero-1/2-memory-optimization, are here); `python data_tools/estimate_memory.py` with "
-                      f"your flags shows the memory per rank each stage takes")
     args.zero = ZeroConfig.from_args(args)
-
-
-def take_zero_flags(args, check):
-    """For tools that describe a ZeRO run this build cannot train yet (data_tools/estimate_memory.py):
-    the ZeroConfig the flags ask for, the flags then cleared so that the rest validates."""
-    _check_one_stage(args, check)
-    zero = ZeroConfig.from_args(args)
-    for flag in STAGE_OF_FLAG:
-        setattr(args, _dest(flag), False)
-    return zero

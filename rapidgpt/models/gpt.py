@@ -41,9 +41,14 @@ class PositionEmbedding(nn.Cell):
         super().__init__()
         self.weight = Parameter(Tensor(np.zeros((max_positions, hidden_size), np.float32)), name="weight")
         self.param_inits = {"weight": ParamInit(init_std, (max_positions, hidden_size))}
+        self.fully_sharded = None          # ZeRO-3 (rapidgpt/parallel/fully_sharded.py)
+
+    def zero3_slots(self):
+        return [(self, "weight")]
 
     def construct(self, position_ids):
-        return ops.gather(self.weight, position_ids, 0)
+        weight = self.weight if self.fully_sharded is None else self.fully_sharded()[0]
+        return ops.gather(weight, position_ids, 0)
 
 
 class GPTModel(nn.Cell):
@@ -85,7 +90,8 @@ class GPTModel(nn.Cell):
         self.input_tensor = input_tensor
 
     def output_weight(self):
-        return self.output_layer.weight if self.untied else self.word_embeddings.weight
+        layer = self.output_layer if self.untied else self.word_embeddings
+        return layer.whole_weights()[0]
 
     def hidden_states(self, tokens, position_ids=None, attention_mask=None):
         """This stage's output `[b, s, h]`: after the final LayerNorm on the last stage (for heads

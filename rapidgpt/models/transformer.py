@@ -18,6 +18,10 @@ std / sqrt(2 * num_layers).
 
 Mixed precision: in a 16-bit model every matrix product runs in 16-bit, while LayerNorm computes
 in fp32 (`LayerNorm` below) and the GPT's loss too (rapidgpt/models/gpt.py).
+
+ZeRO-3 (rapidgpt/parallel/fully_sharded.py): a layer is one unit. Its 12 weights (`zero3_slots`
+order) are gathered once at the top of its forward and handed down to its sub-layers as `weights`
+arguments; without ZeRO-3 they read their own Parameters.
 """
 import math
 
@@ -51,17 +55,35 @@ class TransformerConfig:
         return self.init_method_std / math.sqrt(2.0 * self.num_layers)
 
 
+def _part(weights, start, end):
+    """weights[start:end], or None (the sub-layer then reads its own Parameters)."""
+    return None if weights is None else weights[start:end]
+
+
 class LayerNorm(nn.LayerNorm):
     """mindspore.nn.LayerNorm (same parameters, `gamma` and `beta`) computed in fp32 whatever the
     input and parameter dtype, the result in the input's dtype: Megatron's fused LayerNorm
-    semantics for 16-bit models. A no-op cast in fp32 models."""
+    semantics for 16-bit models. A no-op cast in fp32 models. `weights`: (gamma, beta) given by
+    the enclosing layer (ZeRO-3)."""
 
-    def construct(self, x):
-        if x.dtype == ms.float32 and self.gamma.dtype == ms.float32:      # decided while compiling
-            y, _, _ = self.layer_norm(x, self.gamma, self.beta)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fully_sharded = None
+
+    def zero3_slots(self):
+        return [(self, "gamma"), (self, "beta")]
+
+    def whole_weights(self, weights=None):
+        if weights is not None:
+            return weights
+        return (self.gamma, self.beta) if self.fully_sharded is None else self.fully_sharded()
+
+    def construct(self, x, weights=None):
+        gamma, beta = self.whole_weights(weights)
+        if x.dtype == ms.float32 and gamma.dtype == ms.float32:      # decided while compiling
+            y, _, _ = self.layer_norm(x, gamma, beta)
             return y
-        y, _, _ = self.layer_norm(x.astype(ms.float32), self.gamma.astype(ms.float32),
-                                  self.beta.astype(ms.float32))
+        y, _, _ = self.layer_norm(x.astype(ms.float32), gamma.astype(ms.float32), beta.astype(ms.float32))
         return y.astype(x.dtype)
 
 
@@ -99,19 +121,23 @@ class ParallelAttention(nn.Cell):
         n = config.max_position_embeddings
         self.causal_mask = Tensor(np.triu(np.ones((1, 1, n, n), bool), k=1))   # True = masked
 
-    def heads(self, x):
+    def zero3_slots(self):
+        return self.query_key_value.zero3_slots() + self.dense.zero3_slots()
+
+    def heads(self, x, weights=None):
         """q, k, v `[b, np, s, hn]` of this rank's heads."""
         b, s, _ = x.shape
-        qkv = self.query_key_value(x).reshape(b, s, self.heads_per_rank, 3, self.head_dim)
+        qkv = self.query_key_value(x, weights).reshape(b, s, self.heads_per_rank, 3, self.head_dim)
         q, k, v = qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2]          # [b, s, np, hn]
         return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
-    def construct(self, x, attention_mask=None):
+    def construct(self, x, attention_mask=None, weights=None):
+        """`weights`: (qkv weight, qkv bias, dense weight, dense bias), or None."""
         s = x.shape[1]
         mask = self.causal_mask[:, :, :s, :s]
         if attention_mask is not None:
             mask = ops.logical_or(mask, attention_mask)
-        return self.dense(self.core_attention(*self.heads(x), mask))
+        return self.dense(self.core_attention(*self.heads(x, _part(weights, 0, 2)), mask), _part(weights, 2, 4))
 
     def decode(self, x, past=None):
         """Incremental attention for generation: x `[b, s_new, h]` after `past` = (k, v) of the
@@ -132,8 +158,13 @@ class ParallelMLP(nn.Cell):
         self.dense_4h_to_h = RowParallelLinear(config.ffn_hidden_size, config.hidden_size,
                                                init_std=config.output_init_std)
 
-    def construct(self, x):
-        return self.dense_4h_to_h(ops.gelu(self.dense_h_to_4h(x), approximate="tanh"))
+    def zero3_slots(self):
+        return self.dense_h_to_4h.zero3_slots() + self.dense_4h_to_h.zero3_slots()
+
+    def construct(self, x, weights=None):
+        """`weights`: (h->4h weight, bias, 4h->h weight, bias), or None."""
+        h = self.dense_h_to_4h(x, _part(weights, 0, 2))
+        return self.dense_4h_to_h(ops.gelu(h, approximate="tanh"), _part(weights, 2, 4))
 
 
 class ParallelTransformerLayer(nn.Cell):
@@ -147,10 +178,19 @@ class ParallelTransformerLayer(nn.Cell):
         # Two cells, so the two residual branches draw different masks.
         self.post_attention_dropout = Dropout(config.hidden_dropout)
         self.post_mlp_dropout = Dropout(config.hidden_dropout)
+        self.fully_sharded = None
+
+    def zero3_slots(self):
+        """Its 12 parameters in the order `construct` hands them down."""
+        return (self.input_layernorm.zero3_slots() + self.self_attention.zero3_slots()
+                + self.post_attention_layernorm.zero3_slots() + self.mlp.zero3_slots())
 
     def construct(self, x, attention_mask=None):
-        x = x + self.post_attention_dropout(self.self_attention(self.input_layernorm(x), attention_mask))
-        return x + self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(x)))
+        w = None if self.fully_sharded is None else self.fully_sharded()    # ZeRO-3: gathered here
+        attention = self.self_attention(self.input_layernorm(x, _part(w, 0, 2)), attention_mask, _part(w, 2, 6))
+        x = x + self.post_attention_dropout(attention)
+        mlp = self.mlp(self.post_attention_layernorm(x, _part(w, 6, 8)), _part(w, 8, 12))
+        return x + self.post_mlp_dropout(mlp)
 
     def decode(self, x, past=None):
         """The layer with cached keys/values (generation, eval mode); returns (x, present)."""

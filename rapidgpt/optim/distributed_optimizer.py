@@ -1,7 +1,8 @@
-"""ZeRO stages 1 and 2 (stage 1 is Megatron's distributed optimizer, `--use-distributed-optimizer`):
-each data-parallel rank keeps the fp32 main parameters and the optimizer state of 1/N of the
-model, steps them, and the updated parameters are all-gathered; at stage 2 it is also handed only
-its 1/N of the gradients.
+"""ZeRO's optimizer wrappers. Stages 1 and 2 (stage 1 is Megatron's distributed optimizer,
+`--use-distributed-optimizer`): each data-parallel rank keeps the fp32 main parameters and the
+optimizer state of 1/N of the model, steps them, and the updated parameters are all-gathered; at
+stage 2 it is also handed only its 1/N of the gradients. Stage 3 (FullyShardedOptimizerWrapper, at
+the end): the model itself holds only this rank's pieces (rapidgpt/parallel/fully_sharded.py).
 
 Layout (ShardPlan, rapidgpt/parallel/data_parallel.py): the model's parameters laid end to end, in
 order, as one flat vector of Psi elements padded to N x S (S = ceil(Psi / N)); data-parallel rank
@@ -43,9 +44,9 @@ import math
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, ops
 
-from rapidgpt.optim.mixed_precision import OptimizerWrapper
+from rapidgpt.optim.mixed_precision import OptimizerWrapper, checkpoint_name
 from rapidgpt.parallel import comm
-from rapidgpt.parallel.data_parallel import ShardPlan, padded_cat
+from rapidgpt.parallel.data_parallel import REDUCED_IN_BACKWARD, ShardPlan, padded_cat
 from rapidgpt.parallel.state import (get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size,
                                      get_parallel_state)
 
@@ -53,18 +54,20 @@ PIECE_PREFIX = "zero_shard."
 
 
 class _Kind:
-    """One kind of sharded tensor (the main parameters, Adam's m, ...): this rank's piece
-    Parameters in plan order, gathered into whole per-parameter values at most once."""
+    """One kind of sharded tensor (the main parameters, Adam's m, ...) of one layout (`layout`: a
+    DistributedOptimizerWrapper, or a ZeRO-3 unit's ShardedWeights; its `plan` and
+    `gather_pieces`): this rank's piece Parameters in plan order, gathered into whole
+    per-parameter values at most once."""
 
-    def __init__(self, wrapper, pieces):
-        self.wrapper, self.pieces, self._whole = wrapper, pieces, None
+    def __init__(self, layout, pieces):
+        self.layout, self.pieces, self._whole = layout, pieces, None
         self.of_parameter = {}                   # parameter index -> [(piece, first, end)]
-        for piece, (i, lo, hi) in zip(pieces, wrapper.plan.pieces):
+        for piece, (i, lo, hi) in zip(pieces, layout.plan.pieces):
             self.of_parameter.setdefault(i, []).append((piece, lo, hi))
 
     def whole(self, i):
         if self._whole is None:
-            self._whole = self.wrapper.gather_pieces(tuple(p.value() for p in self.pieces))
+            self._whole = self.layout.gather_pieces(tuple(p.value() for p in self.pieces))
         return self._whole[i]
 
 
@@ -170,3 +173,52 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
         of the compiled step refuse."""
         for model_param, value in zip(self.parameters, self.gather_pieces(tuple(p.value() for p in self.main_params))):
             model_param.set_data(Tensor(value.asnumpy()).astype(model_param.dtype))
+
+
+class FullyShardedOptimizerWrapper(OptimizerWrapper):
+    """ZeRO stage 3: the model's parameters are already this rank's pieces of each layer
+    (`units`: the model's ShardedWeights, rapidgpt/parallel/fully_sharded.py), and the backward of
+    their gathers hands over their gradients summed over the data-parallel ranks. So the wrapper
+    is the unsharded one over the pieces (fp32 main copies of them in 16-bit runs, the inner
+    optimizer rebuilt over those with each piece decayed as the parameter it is cut from), except
+    that the global norm adds every rank's sums of squares over all ranks, as at stage 2, and that
+    checkpoints hold each parameter and its optimizer state whole. After the update nothing is
+    gathered: the next forward gathers what it needs."""
+
+    def __init__(self, units, make_optimizer, precision, clip_grad):
+        self.units = tuple(units)
+        super().__init__([piece for unit in self.units for piece in unit.pieces], make_optimizer, precision, clip_grad)
+        self.gradient_layout = REDUCED_IN_BACKWARD
+
+    def _norm_group(self):
+        return comm.new_group(range(get_parallel_state().world_size))
+
+    def sharding_note(self):
+        size = self.units[0].plan.size if self.units else 1
+        return f" (ZeRO stage 3: 1/{size} of each layer's parameters)"
+
+    def checkpoint_tensors(self, with_state):
+        """{checkpoint name: ShardedState or Parameter}: what an unsharded fp32 run saves (see
+        OptimizerWrapper.checkpoint_tensors), each parameter's value and optimizer state gathered
+        whole from its unit's pieces."""
+        index = {checkpoint_name(main.name): k for k, main in enumerate(self.main_params)}
+        kinds = {"": list(self.main_params)}          # name prefix -> that kind's pieces, in main order
+        tensors = {}
+        if with_state:
+            for p in self.optimizer.get_parameters():
+                name = checkpoint_name(p.name)
+                kind, _, owner = name.partition(".")     # "adam_m" + a main parameter's name
+                if owner in index:
+                    kinds.setdefault(kind + ".", [None] * len(index))[index[owner]] = p
+                elif name not in index:
+                    tensors[name] = p                    # step count, learning rate
+            if self.grad_scaler is not None:
+                tensors.update({p.name: p for p in self.grad_scaler.get_parameters()})
+        for prefix, pieces in kinds.items():
+            start = 0
+            for unit in self.units:
+                kind = _Kind(unit, tuple(pieces[start:start + len(unit.pieces)]))
+                start += len(unit.pieces)
+                tensors.update({prefix + name: ShardedState(kind, i, shape)
+                                for i, (name, shape) in enumerate(zip(unit.names, unit.shapes))})
+        return tensors

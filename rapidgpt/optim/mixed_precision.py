@@ -33,6 +33,8 @@ checkpoint does not depend on the precision it was trained in: fp16 and fp32 run
 each other's checkpoints. The 16-bit weights are not saved: they are always the main weights
 cast to 16 bits.
 """
+from typing import NamedTuple
+
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, nn, ops
 
@@ -200,13 +202,20 @@ def wrap_optimizer(optimizer, model, args):
 
 
 def _sharded_wrapper(optimizer, model, args):
-    """ZeRO stages 1 and 2: the inner optimizer (the flags', or the user's rebuilt) over this rank's
-    pieces of the main parameters (rapidgpt/optim/distributed_optimizer.py)."""
+    """ZeRO: the inner optimizer (the flags', or the user's rebuilt) over this rank's pieces of the
+    main parameters (rapidgpt/optim/distributed_optimizer.py), each piece decayed as the parameter
+    it is cut from. Stages 1 and 2 cut them from the model's whole parameters; at stage 3 the model
+    already holds only its pieces (its `units`, rapidgpt/parallel/fully_sharded.py)."""
     from rapidgpt.optim.adamw import weight_decays_of
-    from rapidgpt.optim.distributed_optimizer import DistributedOptimizerWrapper
+    from rapidgpt.optim.distributed_optimizer import DistributedOptimizerWrapper, FullyShardedOptimizerWrapper
+    from rapidgpt.parallel.fully_sharded import fully_sharded_units
+    stage3 = args.zero.stage == 3
+    units = fully_sharded_units(model) if stage3 else None
+    # The parameters the pieces are cut from (at stage 3 their name and rank, all that is left).
+    owners = ([_Owner(u.names[i], u.ndims[i]) for u in units for i, _, _ in u.plan.pieces] if stage3
+              else model.trainable_params())
     if optimizer is None:
-        params = model.trainable_params()
-        decays = weight_decays_of(params, args.weight_decay)
+        decays = weight_decays_of(owners, args.weight_decay)
 
         def make(pieces, piece_decays):
             inner = build_optimizer(args, pieces)
@@ -218,7 +227,22 @@ def _sharded_wrapper(optimizer, model, args):
                 f"{args.zero.flag}: the {type(optimizer).__name__} from "
                 f"model_optimizer_lr_scheduler_provider cannot be rebuilt over this rank's shard of the "
                 f"parameters; return rapidgpt.optim.AdamW/SGD, or None to build one from the flags")
-        params, decays = list(optimizer.parameters), optimizer.weight_decays
+        decay_of = {p.name: decay for p, decay in zip(optimizer.parameters, optimizer.weight_decays)}
+        if stage3 and any(o.name not in decay_of for o in owners):
+            missing = next(o.name for o in owners if o.name not in decay_of)
+            raise OptimizerRebuildError(f"{args.zero.flag}: the optimizer from model_optimizer_lr_scheduler_provider "
+                                        f"does not update {missing}, a trainable parameter of the model; build it "
+                                        f"over model.trainable_params()")
+        owners = owners if stage3 else list(optimizer.parameters)
+        decays = tuple(decay_of[o.name] for o in owners)
         make = optimizer.with_parameters
-    return DistributedOptimizerWrapper(params, make, decays, args.precision, args.clip_grad,
+    if stage3:
+        return FullyShardedOptimizerWrapper(units, lambda main: make(main, decays), args.precision, args.clip_grad)
+    return DistributedOptimizerWrapper(owners, make, decays, args.precision, args.clip_grad,
                                        shard_gradients=args.zero.stage >= 2)
+
+
+class _Owner(NamedTuple):
+    """What the weight-decay rule reads of a parameter ZeRO-3 has cut into pieces."""
+    name: str
+    ndim: int

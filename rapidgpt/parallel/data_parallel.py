@@ -14,7 +14,9 @@ parameter order), each reduced with one all-reduce and split back.
 ZeRO (rapidgpt/optim/distributed_optimizer.py) lays the parameters end to end as one flat
 vector cut into one equal range per DP rank (ShardPlan). From stage 2 on the gradients are summed
 into that layout instead: `GradientShardReducer` reduce-scatters the flat gradient vector, so each
-rank ends the step holding only the sums of the elements it owns.
+rank ends the step holding only the sums of the elements it owns. At stage 3 the model's
+parameters are such pieces (rapidgpt/parallel/fully_sharded.py) and the backward of their gathers
+already sums their gradients over the ranks (`REDUCED_IN_BACKWARD`).
 """
 import math
 
@@ -23,6 +25,10 @@ from mindspore import nn, ops
 from rapidgpt.parallel import comm
 
 DEFAULT_BUCKET_ELEMENTS = 1 << 25          # 32M elements (128 MB of fp32) per all-reduce
+
+# An optimizer wrapper's `gradient_layout` under ZeRO-3: one gradient per parameter piece, already
+# summed over the data-parallel ranks by the backward (nothing left to reduce).
+REDUCED_IN_BACKWARD = "reduced in backward"
 
 
 def plan_buckets(params, bucket_elements=DEFAULT_BUCKET_ELEMENTS):

@@ -7,6 +7,11 @@ layout the same weights. Exchanges between ranks go through the region cells of
 plain linear/embedding layers.
 
 Shapes: inputs are `[..., in]` (the GPT uses `[b, s, h]`); weights are `[out, in]` as Megatron's.
+
+ZeRO-3 (rapidgpt/parallel/fully_sharded.py): a layer's `construct` also takes its weights as an
+argument (`weights`: a tuple in `zero3_slots` order), which an enclosing transformer layer passes
+after gathering them; a layer outside the transformer layers gathers its own through
+`whole_weights()` (its `fully_sharded` cell, None when its Parameters are whole).
 """
 from mindspore import Parameter, Tensor, nn, ops
 import numpy as np
@@ -62,16 +67,30 @@ class _ParallelLinear(nn.Cell):
                                                  drawn_rows if column else None)
         self.matmul = ops.MatMul(transpose_b=True)
         self.tp = tp
+        self.fully_sharded = None
 
-    def local_linear(self, x):
+    def zero3_slots(self):
+        """The (cell, attribute) of each parameter, in the order `weights` arguments list them."""
+        return [(self, "weight")] + ([(self, "bias")] if self.bias is not None else [])
+
+    def whole_weights(self, weights=None):
+        """(weight, bias or None): `weights` when given, else this layer's (gathered under ZeRO-3)."""
+        if weights is None:
+            if self.fully_sharded is None:
+                return self.weight, self.bias
+            weights = self.fully_sharded()
+        return weights[0], weights[1] if len(weights) > 1 else None
+
+    def local_linear(self, x, weight):
         """`x W_local^T` without the bias, on the last dimension."""
         shape = x.shape
-        y = self.matmul(x.reshape(-1, shape[-1]), self.weight)
+        y = self.matmul(x.reshape(-1, shape[-1]), weight)
         return y.reshape(shape[:-1] + (y.shape[-1],))
 
-    def construct(self, x):
-        y = self.local_linear(x)
-        return y if self.bias is None else y + self.bias
+    def construct(self, x, weights=None):
+        weight, bias = self.whole_weights(weights)
+        y = self.local_linear(x, weight)
+        return y if bias is None else y + bias
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -90,12 +109,13 @@ class ColumnParallelLinear(_ParallelLinear):
             self.copy_to_region = CopyToTensorParallelRegion()
             self.gather_from_region = GatherFromTensorParallelRegion()
 
-    def construct(self, x):
+    def construct(self, x, weights=None):
+        weight, bias = self.whole_weights(weights)
         if self.tp > 1:
             x = self.copy_to_region(x)
-        y = self.local_linear(x)
-        if self.bias is not None:
-            y = y + self.bias
+        y = self.local_linear(x, weight)
+        if bias is not None:
+            y = y + bias
         return self.gather_from_region(y) if self.gather_output else y
 
 
@@ -114,13 +134,14 @@ class RowParallelLinear(_ParallelLinear):
             self.scatter_to_region = ScatterToTensorParallelRegion()
             self.reduce_from_region = ReduceFromTensorParallelRegion()
 
-    def construct(self, x):
+    def construct(self, x, weights=None):
+        weight, bias = self.whole_weights(weights)
         if self.scatter_input:
             x = self.scatter_to_region(x)
-        y = self.local_linear(x)
+        y = self.local_linear(x, weight)
         if self.tp > 1:
             y = self.reduce_from_region(y)
-        return y if self.bias is None else y + self.bias
+        return y if bias is None else y + bias
 
 
 class ReplicatedLinear(_ParallelLinear):
@@ -148,14 +169,23 @@ class VocabParallelEmbedding(nn.Cell):
                                                 real_vocab_size)}
         if self.tp > 1:
             self.reduce_from_region = ReduceFromTensorParallelRegion()
+        self.fully_sharded = None
+
+    def zero3_slots(self):
+        return [(self, "weight")]
+
+    def whole_weights(self):
+        """(weight,): the table `[vocab / tp, h]` (gathered under ZeRO-3)."""
+        return (self.weight,) if self.fully_sharded is None else self.fully_sharded()
 
     def construct(self, ids):
+        weight = self.whole_weights()[0]
         if self.tp == 1:
-            return ops.gather(self.weight, ids, 0)
+            return ops.gather(weight, ids, 0)
         # Ids of other ranks' rows look up row 0 and are zeroed; the sum over ranks then holds
         # each id's row exactly once.
         local = ids - self.vocab_start
-        mine = ops.logical_and(local >= 0, local < self.weight.shape[0])
-        rows = ops.gather(self.weight, ops.where(mine, local, 0), 0)
+        mine = ops.logical_and(local >= 0, local < weight.shape[0])
+        rows = ops.gather(weight, ops.where(mine, local, 0), 0)
         rows = rows * ops.expand_dims(mine, -1).astype(rows.dtype)
         return self.reduce_from_region(rows)

@@ -1,5 +1,5 @@
-"""The one place a model is transformed for a run: precision, activation recompute, and (pipeline
-stages) one compiled graph per layer.
+"""The one place a model is transformed for a run: precision, ZeRO-3's parameter sharding,
+activation recompute, and (pipeline stages) one compiled graph per layer.
 
 The trainers (`Trainer.build_model`) and `RapidGPTEngine.compose` call `prepare_model` once, after
 the seeded initialisation and before anything is compiled.
@@ -13,6 +13,10 @@ nn.LayerNorm, ...) gets MindSpore's amp treatment, `Cell.to_float`: it casts the
 O2 level of `mindspore.amp.auto_mixed_precision`, applied per cell so that RapidGPT's layers
 inside a user's model keep their own rules and the model object stays the user's (no wrapper).
 
+ZeRO-3 (rapidgpt/config/zero.py): each RapidGPT layer's parameters replaced by this data-parallel
+rank's pieces, gathered in the layer's forward (rapidgpt/parallel/fully_sharded.py); after the
+cast, so the pieces are in the model's dtype.
+
 Recompute (rapidgpt/config/recompute.py): RapidGPT's transformer layers, or the `layers` list of a
 user's model (an nn.CellList/SequentialCell whose cells the model runs in order), see
 `apply_recompute`.
@@ -23,19 +27,26 @@ from mindspore import nn
 from rapidgpt.errors import UserError
 from rapidgpt.models.gpt import LanguageModelHead
 from rapidgpt.models.transformer import CoreAttention, TransformerLayers
+from rapidgpt.parallel.fully_sharded import FullyShardedModelError, shard_model_parameters
 from rapidgpt.parallel.random import Dropout
 
 _HALF = {"float16": ms.float16, "bfloat16": ms.bfloat16}
 
 
-def prepare_model(model, precision, recompute, logger=None, jit=True, compile_layers=False):
-    """Transform `model` in place for `precision` (a PrecisionConfig) and `recompute` (a
-    RecomputeConfig), and with `compile_layers` (pipeline stages, which run their forward in
+def prepare_model(model, precision, recompute, logger=None, jit=True, compile_layers=False, zero=None):
+    """Transform `model` in place for `precision` (a PrecisionConfig), `zero` (a ZeroConfig: stage 3
+    shards the parameters) and `recompute` (a RecomputeConfig), and with `compile_layers` (pipeline stages, which run their forward in
     PyNative: rapidgpt/training/pipeline_schedules.py) compile its layers and tensor-parallel
     cells (compile_pipeline_stage); with a `logger`, say what was done in one start-up line (and warn where
     recompute cannot save memory)."""
     if precision.half:
         cast_to_half(model, _HALF[precision.params_dtype])
+    if zero is not None and zero.stage == 3:
+        gather_in_fp32 = precision.half and precision.accumulate_allreduce_grads_in_fp32
+        try:
+            shard_model_parameters(model, ms.float32 if gather_in_fp32 else None)
+        except FullyShardedModelError as error:
+            raise ModelTransformError(str(error)) from None
     if recompute.granularity is not None:
         apply_recompute(model, recompute)
     if compile_layers:

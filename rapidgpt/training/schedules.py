@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
 from rapidgpt.parallel import comm
-from rapidgpt.parallel.data_parallel import GradientShardReducer, GradientSummer
+from rapidgpt.parallel.data_parallel import REDUCED_IN_BACKWARD, GradientShardReducer, GradientSummer
 from rapidgpt.parallel.random import micro_batch_key, set_dropout_key
 from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size
 
@@ -77,13 +77,15 @@ class DataParallelFinalize(nn.Cell):
     """Megatron's finalize_model_grads over the data-parallel ranks: `(loss, grads) -> (loss
     averaged, grads summed)` (flat buckets, rapidgpt/parallel/data_parallel.py). With a
     `gradient_layout` (a ShardPlan: the optimizer wrapper keeps gradient shards, ZeRO-2) the sum
-    is reduce-scattered and `grads` come back as this rank's pieces of it. `gradient_bytes`: the
-    bytes of the gradients it hands the optimizer."""
+    is reduce-scattered and `grads` come back as this rank's pieces of it; REDUCED_IN_BACKWARD
+    (ZeRO-3) leaves the gradients as they are. `gradient_bytes`: the bytes of the gradients it
+    hands the optimizer."""
 
     def __init__(self, params, cast_to_fp32, gradient_layout=None):
         super().__init__(auto_prefix=False)
         self.dp_size = get_data_parallel_world_size()
-        self.sharded = gradient_layout is not None
+        self.reduces_grads = gradient_layout is not REDUCED_IN_BACKWARD
+        self.sharded = self.reduces_grads and gradient_layout is not None
         dtype = gradient_dtype(params, cast_to_fp32)
         group = get_data_parallel_group()
         if self.sharded:
@@ -98,7 +100,7 @@ class DataParallelFinalize(nn.Cell):
     def construct(self, loss, grads):
         if self.dp_size == 1:
             return loss, self.sum_over_dp(grads) if self.sharded else grads
-        return self.dp_sum(loss) / self.dp_size, self.sum_over_dp(grads)
+        return self.dp_sum(loss) / self.dp_size, self.sum_over_dp(grads) if self.reduces_grads else grads
 
 
 class ForwardBackwardNoPipelining(nn.Cell):

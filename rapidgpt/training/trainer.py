@@ -106,10 +106,10 @@ class Trainer:
                 f"and give the model Megatron's set_input_tensor (rapidgpt.models.GPTModel does both)")
         check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
+        count = sum(int(np.prod(p.shape)) for p in model.get_parameters())     # whole, before ZeRO-3
         prepare_model(model, self.args.precision, self.args.recompute, self.logger, self.args.jit,
-                      compile_layers=pipelined)
+                      compile_layers=pipelined, zero=self.args.zero)
         tp_rank, _, pp_rank = get_parallel_state().coordinates()
-        count = sum(int(np.prod(p.shape)) for p in model.get_parameters())
         self.logger.info(f" > number of parameters on (tensor, pipeline) model parallel rank "
                          f"({tp_rank}, {pp_rank}): {count}")
         gpt = isinstance(model, GPTModel)

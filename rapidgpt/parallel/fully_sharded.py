@@ -1,0 +1,153 @@
+"""ZeRO stage 3 (--zero-3-memory-optimization, Rapidformer's --fsdp-memory-optimization): the
+model's parameters themselves are sharded over the data-parallel ranks, and a layer's are gathered
+whole only for the layer that computes with them.
+
+Units. `shard_model_parameters` (called once by rapidgpt/training/model_transforms.py, after the
+seeded initialisation) turns each RapidGPT cell that can compute with gathered weights into a
+unit: a decoder layer (ParallelTransformerLayer: its 12 parameters, gathered once at the top of its
+forward and handed down to its sub-layers), and each RapidGPT leaf layer outside the decoder layers
+(the word and position embeddings, the final LayerNorm, an untied output layer, a ReplicatedLinear
+head, ...: each gathers its own). A unit's cell lists its parameters with `zero3_slots()` and reads
+them through its `fully_sharded` attribute (a ShardedWeights, None when they are whole). A
+trainable parameter of any other cell cannot be sharded this way (a MindSpore graph reads a
+Parameter at its full, fixed size and has no Parameter that is a view of another, so the cell must
+take its weights as tensors): the transform then stops with an error naming it.
+
+Layout per unit, Megatron's distributed-optimizer layout at a smaller grain (ShardPlan,
+rapidgpt/parallel/data_parallel.py): the unit's parameters laid end to end as one flat vector
+padded to N x S; data-parallel rank r stores elements [r S, (r+1) S), one 1-D piece Parameter per
+parameter it overlaps, named as that parameter and carrying its tensor/pipeline-parallel marks (so
+the gradient norm counts each element once, as without ZeRO). The whole values are dropped.
+
+Forward: `ShardedWeights()` concatenates this rank's pieces (+ padding), all-gathers the [N x S]
+vector over the data-parallel group (rapidgpt.parallel.comm: native on HCCL/NCCL, exact on CPU) and
+splits it into the whole tensors. Backward: the all-gather's backward is a reduce-scatter, so each
+piece's gradient comes out summed over the data-parallel ranks; the schedule does not reduce them
+again (data_parallel.REDUCED_IN_BACKWARD). The whole weights live from the gather to their last
+use: inside the compiled step that is the layer's backward, unless the layer is recomputed
+(--recompute-granularity full), in which case its backward gathers them again.
+
+Precision: pieces are in the model's dtype; in 16-bit runs with
+--accumulate-allreduce-grads-in-fp32 the gather runs in fp32, so the gradients' reduce-scatter sums
+in fp32 too (as the data-parallel all-reduce does without ZeRO).
+"""
+import math
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+
+from rapidgpt.parallel import comm
+from rapidgpt.parallel.data_parallel import ShardPlan, padded_cat
+from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size
+
+# The marks a parameter carries for the gradient norm and the pipeline's tied embeddings.
+_MARKS = ("tensor_model_parallel", "pipeline_shared", "pipeline_shared_copy")
+
+
+class FullyShardedModelError(ValueError):
+    """The model holds a trainable parameter ZeRO-3 cannot shard; the message names it."""
+
+
+class ShardedWeights(nn.Cell):
+    """`()` -> the whole parameters of a unit (a tuple in `zero3_slots` order, in the model dtype),
+    gathered from every data-parallel rank's pieces. See the module docstring.
+
+    `names`, `shapes`, `ndims`: the parameters'; `plan`: this rank's ShardPlan; `pieces`: this
+    rank's piece Parameters, in plan order."""
+
+    def __init__(self, params, gather_dtype=None):
+        super().__init__(auto_prefix=False)
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) > 1:
+            raise FullyShardedModelError(f"ZeRO-3: the parameters of one layer ({params[0].name}, ...) have "
+                                         f"different dtypes {sorted(map(str, dtypes))}")
+        self.dtype = dtypes.pop()
+        self.gather_dtype = gather_dtype or self.dtype
+        self.names = tuple(p.name for p in params)
+        self.shapes = tuple(tuple(p.shape) for p in params)
+        self.ndims = tuple(len(shape) for shape in self.shapes)
+        self.plan = ShardPlan(self.shapes, get_data_parallel_world_size(), get_data_parallel_rank())
+        if (self.plan.size - 1) * self.plan.shard >= self.plan.total:      # decided alike on every rank
+            raise FullyShardedModelError(
+                f"ZeRO-3: the {self.plan.total} elements of {self.names[0]}... are too few to give each of "
+                f"{self.plan.size} data-parallel ranks a piece")
+        pieces = []
+        for i, lo, hi in self.plan.pieces:
+            # Through fp32 host values (exact for 16-bit ones): a slice of a device tensor is a
+            # view, which the compiled step's in-place updates refuse.
+            flat = params[i].value().astype(ms.float32).asnumpy().reshape(-1)
+            piece = Parameter(Tensor(np.ascontiguousarray(flat[lo:hi])).astype(self.dtype), name=params[i].name)
+            for mark in _MARKS:
+                if hasattr(params[i], mark):
+                    setattr(piece, mark, getattr(params[i], mark))
+            pieces.append(piece)
+        self.pieces = ParameterTuple(pieces)
+        self.all_gather = comm.AllGather(get_data_parallel_group(), axis=0)
+
+    def _split(self, flat):
+        return tuple(flat[a:a + math.prod(shape)].reshape(shape) for a, shape in zip(self.plan.offsets, self.shapes))
+
+    def construct(self):
+        if self.gather_dtype == self.dtype:
+            return self._split(self.all_gather(padded_cat(self.pieces, self.plan.padding, self.dtype)))
+        pieces = [ops.cast(p, self.gather_dtype) for p in self.pieces]
+        whole = self._split(self.all_gather(padded_cat(pieces, self.plan.padding, self.gather_dtype)))
+        return tuple(ops.cast(w, self.dtype) for w in whole)
+
+    def gather_pieces(self, pieces):
+        """The whole fp32 values (in parameter order) from this rank's `pieces` (tensors of one
+        kind, e.g. Adam's m, in plan order) and the other data-parallel ranks': for checkpoints."""
+        return self._split(self.all_gather(padded_cat(pieces, self.plan.padding, ms.float32)))
+
+
+def _units_of(model):
+    """[(cell, its parameters in zero3_slots order)] of the cells that become units: pre-order, so
+    a decoder layer claims its sub-layers' parameters before they are visited."""
+    units, claimed = [], set()
+    for _, cell in model.cells_and_names():
+        if not (hasattr(cell, "zero3_slots") and hasattr(cell, "fully_sharded")):
+            continue
+        params = [getattr(owner, attribute) for owner, attribute in cell.zero3_slots()]
+        if any(id(p) in claimed for p in params):
+            continue
+        claimed.update(id(p) for p in params)
+        trainable = [p.requires_grad for p in params]
+        if not any(trainable):
+            continue                                    # frozen: kept whole, never updated
+        if not all(trainable):
+            frozen = next(p.name for p in params if not p.requires_grad)
+            raise FullyShardedModelError(
+                f"--zero-3-memory-optimization: {frozen} is frozen while the rest of its layer trains; a layer is "
+                f"sharded as a whole, so freeze all of its parameters or none")
+        units.append((cell, params))
+    unshardable = [p.name for p in model.trainable_params() if id(p) not in claimed]
+    if unshardable:
+        raise FullyShardedModelError(
+            f"--zero-3-memory-optimization: the model ({type(model).__name__}) has trainable parameters outside "
+            f"RapidGPT's layers ({', '.join(unshardable[:3])}{', ...' if len(unshardable) > 3 else ''}); ZeRO-3 "
+            f"shards models built of rapidgpt.parallel / rapidgpt.models.transformer layers. Build those parts "
+            f"from them, or use --zero-2-memory-optimization, which works with any model")
+    return units
+
+
+def shard_model_parameters(model, gather_dtype=None):
+    """ZeRO-3's transform: every unit's whole parameters replaced by this rank's pieces (see the
+    module docstring). Checks the whole model before changing anything. Returns the units'
+    ShardedWeights, in model order."""
+    sharded = []
+    for cell, params in _units_of(model):
+        unit = ShardedWeights(params, gather_dtype)
+        for owner, attribute in cell.zero3_slots():
+            setattr(owner, attribute, None)
+        cell.fully_sharded = unit
+        for piece, (i, _, _) in zip(unit.pieces, unit.plan.pieces):
+            piece.name = unit.names[i]           # attaching the cell prefixed them
+        sharded.append(unit)
+    return sharded
+
+
+def fully_sharded_units(model):
+    """The ShardedWeights of a model transformed by `shard_model_parameters`, in model order."""
+    return [cell.fully_sharded for _, cell in model.cells_and_names()
+            if isinstance(getattr(cell, "fully_sharded", None), ShardedWeights)]

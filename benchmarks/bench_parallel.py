@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Tensor, data and pipeline parallelism and ZeRO-1/2 on 2 processes against 1 process, their
+"""Tensor, data and pipeline parallelism and ZeRO-1/2/3 on 2 processes against 1 process, their
 communication share, the pipeline's bubble and ZeRO's memory, measured in the same run.
 
 Every run is `rapidgpt --task pretraining` on the embedded demo corpus with the same GPT (4 layers,
@@ -25,8 +25,8 @@ point-to-point exchanges (waiting for its neighbour, plus the transfer itself) d
 time, from RapidGPT's --timing-log-level 2 timers ("pipeline-p2p", "forward-backward-optimizer",
 every rank's with --timing-log-option all); Megatron's ideal bubble is (P - 1) / (m + P - 1).
 
-ZeRO: DP=2 without ZeRO, with --zero-1-memory-optimization and with --zero-2-memory-optimization:
-tokens/s, rank 0's model states as it logs them (bytes of the tensors it holds, the gradients it
+ZeRO: DP=2 without ZeRO, with --zero-1-memory-optimization, --zero-2-memory-optimization and
+--zero-3-memory-optimization: tokens/s, rank 0's model states as it logs them (bytes of the tensors it holds, the gradients it
 hands the optimizer) and the peak RSS of the largest process.
 
     python benchmarks/bench_parallel.py [--iters 20] [--warmup 5] [--port 29650] [--only tp-dp|pp|zero]
@@ -144,11 +144,12 @@ def pipeline(opts):
 
 
 def zero(opts):
-    """ZeRO-1 and ZeRO-2 beside plain DP=2: tokens/s, rank 0's model states (measured from the
+    """ZeRO-1, 2 and 3 beside plain DP=2: tokens/s, rank 0's model states (measured from the
     tensors it holds and is handed) and the peak RSS of the largest process."""
     rows, peaks = [], {}
     for label, extra in (("DP=2", []), ("DP=2, ZeRO-1", ["--zero-1-memory-optimization"]),
-                         ("DP=2, ZeRO-2", ["--zero-2-memory-optimization"])):
+                         ("DP=2, ZeRO-2", ["--zero-2-memory-optimization"]),
+                         ("DP=2, ZeRO-3", ["--zero-3-memory-optimization"])):
         median, log = run(label, 2, extra, opts, want_log=True, peak_rss=peaks)
         weights, state = map(int, HELD.search(log).groups())
         rows.append((label, median, weights, int(HANDED.search(log).group(1)), state))

@@ -139,15 +139,15 @@ class ParallelAttention(nn.Cell):
             mask = ops.logical_or(mask, attention_mask)
         return self.dense(self.core_attention(*self.heads(x, _part(weights, 0, 2)), mask), _part(weights, 2, 4))
 
-    def decode(self, x, past=None):
+    def decode(self, x, past=None, weights=None):
         """Incremental attention for generation: x `[b, s_new, h]` after `past` = (k, v) of the
         earlier positions (None: none). Returns (output, (k, v) including the new positions)."""
-        q, k, v = self.heads(x)
+        q, k, v = self.heads(x, _part(weights, 0, 2))
         if past is not None:
             k, v = ops.cat((past[0], k), axis=2), ops.cat((past[1], v), axis=2)
         total, new = k.shape[2], x.shape[1]
         mask = self.causal_mask[:, :, total - new:total, :total]
-        return self.dense(self.core_attention(q, k, v, mask)), (k, v)
+        return self.dense(self.core_attention(q, k, v, mask), _part(weights, 2, 4)), (k, v)
 
 
 class ParallelMLP(nn.Cell):
@@ -185,8 +185,12 @@ class ParallelTransformerLayer(nn.Cell):
         return (self.input_layernorm.zero3_slots() + self.self_attention.zero3_slots()
                 + self.post_attention_layernorm.zero3_slots() + self.mlp.zero3_slots())
 
+    def whole_weights(self):
+        """None (the sub-layers read their own Parameters), or under ZeRO-3 the 12 gathered here."""
+        return None if self.fully_sharded is None else self.fully_sharded()
+
     def construct(self, x, attention_mask=None):
-        w = None if self.fully_sharded is None else self.fully_sharded()    # ZeRO-3: gathered here
+        w = self.whole_weights()
         attention = self.self_attention(self.input_layernorm(x, _part(w, 0, 2)), attention_mask, _part(w, 2, 6))
         x = x + self.post_attention_dropout(attention)
         mlp = self.mlp(self.post_attention_layernorm(x, _part(w, 6, 8)), _part(w, 8, 12))
@@ -194,9 +198,10 @@ class ParallelTransformerLayer(nn.Cell):
 
     def decode(self, x, past=None):
         """The layer with cached keys/values (generation, eval mode); returns (x, present)."""
-        attention, present = self.self_attention.decode(self.input_layernorm(x), past)
+        w = self.whole_weights()
+        attention, present = self.self_attention.decode(self.input_layernorm(x, _part(w, 0, 2)), past, _part(w, 2, 6))
         x = x + attention
-        return x + self.mlp(self.post_attention_layernorm(x)), present
+        return x + self.mlp(self.post_attention_layernorm(x, _part(w, 6, 8)), _part(w, 8, 12)), present
 
 
 class TransformerLayers(nn.SequentialCell):

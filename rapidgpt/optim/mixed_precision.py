@@ -4,7 +4,8 @@ FP32Optimizer do it.
 
     grads            one per model parameter, in the model's dtype, averaged over the step's
                      micro-batches and the data-parallel ranks, multiplied by the loss scale
-                     (ZeRO-2: only this rank's pieces of them, see distributed_optimizer.py)
+                     (ZeRO-2: only this rank's pieces of them, see distributed_optimizer.py;
+                     ZeRO-3: the model's parameters are such pieces)
     prepare          16-bit runs: cast to fp32 (the main parameters' gradients)
     unscale          x 1 / loss scale (when the loss is scaled)
     norm, found_inf  the global L2 norm over the whole model: every rank adds the sums of squares
@@ -25,7 +26,8 @@ step. Main parameters: in fp32 runs the model's own parameters; in 16-bit runs f
 as in Megatron's Float16OptimizerWithFloat16Params. Model states per parameter are then 2 bytes
 (16-bit weight) + 2 (16-bit gradient) + 4 (fp32 main weight) + 8 (fp32 Adam moments), the 16
 bytes of the ZeRO paper; ZeRO stage 1 (rapidgpt/optim/distributed_optimizer.py) shards the last 12,
-stage 2 also the gradients (the wrapper is then handed this rank's pieces of them).
+stage 2 also the gradients (the wrapper is then handed this rank's pieces of them), stage 3 the
+weights too (rapidgpt/parallel/fully_sharded.py).
 
 Checkpoints hold each model parameter's fp32 value (the main copy in 16-bit runs) under the
 model parameter's name, and the optimizer state under the names an fp32 run gives it, so a

@@ -23,9 +23,13 @@ Forward: `ShardedWeights()` concatenates this rank's pieces (+ padding), all-gat
 vector over the data-parallel group (rapidgpt.parallel.comm: native on HCCL/NCCL, exact on CPU) and
 splits it into the whole tensors. Backward: the all-gather's backward is a reduce-scatter, so each
 piece's gradient comes out summed over the data-parallel ranks; the schedule does not reduce them
-again (data_parallel.REDUCED_IN_BACKWARD). The whole weights live from the gather to their last
-use: inside the compiled step that is the layer's backward, unless the layer is recomputed
-(--recompute-granularity full), in which case its backward gathers them again.
+again (data_parallel.REDUCED_IN_BACKWARD). Released after use: the gather cell is marked for
+MindSpore's recompute with its output (`Cell.recompute(output_recompute=True)`), so the whole
+weights are not kept from the forward for the backward: the backward gathers them again (checked
+on the compiled graph: one more all-gather per unit). Without the mark the graph keeps each
+layer's whole weights from its forward to its backward, so the step's peak would hold them all.
+The mark needs a graph: a unit that runs op by op (outside the compiled layers of a pipeline
+stage) keeps its weights for its backward instead.
 
 Precision: pieces are in the model's dtype; in 16-bit runs with
 --accumulate-allreduce-grads-in-fp32 the gather runs in fp32, so the gradients' reduce-scatter sums
@@ -133,8 +137,8 @@ def _units_of(model):
 
 def shard_model_parameters(model, gather_dtype=None):
     """ZeRO-3's transform: every unit's whole parameters replaced by this rank's pieces (see the
-    module docstring). Checks the whole model before changing anything. Returns the units'
-    ShardedWeights, in model order."""
+    module docstring). Checks the whole model before changing anything. Returns [(unit's cell,
+    its ShardedWeights)] in model order; `regather_in_backward` then marks those that run in a graph."""
     sharded = []
     for cell, params in _units_of(model):
         unit = ShardedWeights(params, gather_dtype)
@@ -143,8 +147,14 @@ def shard_model_parameters(model, gather_dtype=None):
         cell.fully_sharded = unit
         for piece, (i, _, _) in zip(unit.pieces, unit.plan.pieces):
             piece.name = unit.names[i]           # attaching the cell prefixed them
-        sharded.append(unit)
+        sharded.append((cell, unit))
     return sharded
+
+
+def regather_in_backward(unit):
+    """Have the backward gather `unit`'s weights again rather than keep them from the forward (the
+    cell must run inside a compiled graph; see the module docstring)."""
+    unit.recompute(output_recompute=True)
 
 
 def fully_sharded_units(model):

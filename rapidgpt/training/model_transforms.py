@@ -27,7 +27,7 @@ from mindspore import nn
 from rapidgpt.errors import UserError
 from rapidgpt.models.gpt import LanguageModelHead
 from rapidgpt.models.transformer import CoreAttention, TransformerLayers
-from rapidgpt.parallel.fully_sharded import FullyShardedModelError, shard_model_parameters
+from rapidgpt.parallel.fully_sharded import FullyShardedModelError, regather_in_backward, shard_model_parameters
 from rapidgpt.parallel.random import Dropout
 
 _HALF = {"float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -41,16 +41,19 @@ def prepare_model(model, precision, recompute, logger=None, jit=True, compile_la
     recompute cannot save memory)."""
     if precision.half:
         cast_to_half(model, _HALF[precision.params_dtype])
+    sharded = []
     if zero is not None and zero.stage == 3:
         gather_in_fp32 = precision.half and precision.accumulate_allreduce_grads_in_fp32
         try:
-            shard_model_parameters(model, ms.float32 if gather_in_fp32 else None)
+            sharded = shard_model_parameters(model, ms.float32 if gather_in_fp32 else None)
         except FullyShardedModelError as error:
             raise ModelTransformError(str(error)) from None
     if recompute.granularity is not None:
         apply_recompute(model, recompute)
-    if compile_layers:
-        compile_pipeline_stage(model, recompute)
+    compiled = compile_pipeline_stage(model, recompute) if compile_layers else None
+    for cell, unit in sharded:
+        if compiled is None or id(cell) in compiled:      # a pipeline stage runs the rest op by op
+            regather_in_backward(unit)
     if logger is not None and (precision.half or recompute.granularity):
         logger.info(f" > precision: {precision.describe()} | activation recompute: {recompute.describe()}")
         if recompute.granularity and jit and ms.get_context("device_target") == "CPU":
@@ -104,6 +107,7 @@ def compile_pipeline_stage(model, recompute):
       benchmark GPT together) and the dropouts outside the layers (the embedding dropout's mask:
       63 ms in PyNative, 1.5 ms compiled). The other small cells (embeddings, final LayerNorm)
       measured no faster compiled.
+    Returns the ids of the cells that now run inside a compiled graph.
     """
     units = []
     for layers in layer_lists(model):
@@ -132,6 +136,7 @@ def compile_pipeline_stage(model, recompute):
                  if isinstance(cell, (LanguageModelHead, Dropout)) and id(cell) not in inside)
     for unit in units:
         unit.construct = ms.jit(unit.construct)
+    return {id(cell) for unit in units for _, cell in unit.cells_and_names()}
 
 
 def layer_lists(model):

@@ -28,8 +28,10 @@ data-parallel size), the ZeRO paper's accounting (Rajbhandari et al. 2020) for w
                  under ZeRO-1/2;                                              ZeRO-1, 2, 3: / N
 
 so 16 Psi bytes for mixed-precision Adam without ZeRO, 4 Psi + 12 Psi/N, 2 Psi + 14 Psi/N and
-16 Psi/N for stages 1, 2, 3 (a shard is rounded up to whole elements; ZeRO-3 rounds each layer's
-up, so a rank holds up to one element per layer more than this).
+16 Psi/N for stages 1, 2, 3 (a shard is rounded up to whole elements; ZeRO-3 shards each layer,
+and each embedding and LayerNorm outside the layers, on its own and rounds each up, so a rank holds
+up to one element per such unit more than this). ZeRO-3 also needs, while a layer computes, its
+whole gathered weights (the largest: the word embeddings, V_pad h / t): not in these terms.
 
 Activations per rank, after Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models"), for a micro-batch b, sequence s, a heads, e bytes per activation element (2

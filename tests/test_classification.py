@@ -148,19 +148,21 @@ class HostTensor(np.ndarray):
         return self.view(np.ndarray)
 
 
-def two_rank_gather(run):
+def two_rank_gather(run, equal_batches=False):
     """`run(loader, gather)` as data-parallel rank 0 of 2 sees it: the loaders of a 10-sample set
-    split over 2 ranks by EvalDataLoader (micro batch 2); rank 1's arrays are recorded from a first
-    run and appended to rank 0's by the fake gather, as the collective does."""
+    split over 2 ranks by EvalDataLoader (micro batch 2; with `equal_batches`, as under ZeRO-3,
+    rank 1 ends with a padding batch of sample 0); rank 1's arrays are recorded from a first run
+    and appended to rank 0's by the fake gather, as the collective does."""
     def loader(rank):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(finetuner, "get_data_parallel_rank", lambda: rank)
             patch.setattr(finetuner, "get_data_parallel_world_size", lambda: 2)
-            return finetuner.EvalDataLoader(list(range(10)), 2, None)
+            return finetuner.EvalDataLoader(list(range(10)), 2, None, equal_batches=equal_batches)
 
     rank_0, rank_1 = loader(0), loader(1)
     assert rank_0.indices.tolist() == [0, 1, 4, 5, 8, 9] and rank_1.indices.tolist() == [2, 3, 6, 7]
-    assert (rank_0.num_samples, rank_1.num_samples, len(rank_0), len(rank_1)) == (6, 4, 3, 2)
+    assert (rank_0.num_samples, rank_1.num_samples, len(rank_0), len(rank_1)) == (6, 4, 3, 2 + equal_batches)
+    assert list(rank_1.sampler)[-1] == ([0] if equal_batches else [6, 7])
     recorded = []
     run(rank_1, lambda values: recorded.append(values) or values)
     rank_1_values = iter(recorded)
@@ -172,17 +174,19 @@ class HostBatches:
 
     def __init__(self, loader, logits, labels):
         self.loader, self.logits, self.labels, self.indices = loader, logits, labels, loader.indices
+        self.without_padding = loader.without_padding
 
     def __iter__(self):
         for batch in self.loader.sampler:
             yield {"logits": self.logits[batch].view(HostTensor), "label": self.labels[batch].view(HostTensor)}
 
 
-def test_predictions_gathered_from_two_ranks_come_in_dataset_order():
+@pytest.mark.parametrize("equal_batches", [False, True], ids=["", "zero3-padding"])
+def test_predictions_gathered_from_two_ranks_come_in_dataset_order(equal_batches):
     rng = np.random.default_rng(0)
     logits, labels = rng.normal(size=(10, 3)).astype(np.float32), rng.integers(0, 3, 10).astype(np.int32)
     predictions = two_rank_gather(lambda loader, gather: predict_classes(
-        lambda batch: batch["logits"], HostBatches(loader, logits, labels), gather))
+        lambda batch: batch["logits"], HostBatches(loader, logits, labels), gather), equal_batches)
     assert predictions.classes.tolist() == logits.argmax(axis=-1).tolist()
     assert predictions.labels.tolist() == labels.tolist()
     expected = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
@@ -230,7 +234,8 @@ def test_metrics_that_differ_between_data_parallel_ranks_are_combined_and_report
     assert same.agree({"accuracy": 1 / 3}, 6) == {"accuracy": 1 / 3} and logger.messages == []
 
 
-def test_the_ranks_weighted_accuracy_is_the_accuracy_of_the_whole_set():
+@pytest.mark.parametrize("equal_batches", [False, True], ids=["", "zero3-padding"])
+def test_the_ranks_weighted_accuracy_is_the_accuracy_of_the_whole_set(equal_batches):
     rng = np.random.default_rng(1)
     logits, labels = rng.normal(size=(10, 3)).astype(np.float32), rng.integers(0, 3, 10).astype(np.int32)
 
@@ -238,7 +243,7 @@ def test_the_ranks_weighted_accuracy_is_the_accuracy_of_the_whole_set():
         metrics = evaluate_classification(lambda batch: batch["logits"], HostBatches(loader, logits, labels))
         return DataParallelMetrics(gather, Warnings()).agree(metrics, loader.num_samples)
 
-    assert two_rank_gather(run)["accuracy"] == pytest.approx(np.mean(logits.argmax(axis=-1) == labels))
+    assert two_rank_gather(run, equal_batches)["accuracy"] == pytest.approx(np.mean(logits.argmax(axis=-1) == labels))
 
 
 # ---- --pretrained-checkpoint: weights only, name prefix, report ---------------------------------
@@ -401,22 +406,54 @@ def test_finetuning_resumes_mid_epoch_exactly(tmp_path, pretrained, data):
     assert validations == full_validations and sorted(validations) == [8, 16]
 
 
-def test_fp16_finetuning_with_recompute_learns_as_fp32_does(pretrained, data):
-    """--task sequence_classification --fp16: the pretrained fp32 weights go into the fp32 main
-    copies, the classifier trains in fp16 (with recompute on) and reaches the fp32 run's accuracy."""
+def test_fp16_finetuning_with_recompute_and_zero_3_learns_as_fp32_does(pretrained, data):
+    """--task sequence_classification --fp16 --zero-3-memory-optimization (one process: each layer
+    one piece): the pretrained fp32 weights go into the fp32 main copies of the pieces, the
+    classifier trains in fp16 (with recompute on) and reaches the fp32 run's accuracy."""
     losses, validations, out = classify(pretrained, data, "--epochs", "3", "--fp16", "--initial-loss-scale", "4096",
-                                        "--checkpoint-activations")
+                                        "--checkpoint-activations", "--zero-3-memory-optimization")
+    assert "(ZeRO stage 3: 1/1 of each layer's parameters)" in out
     assert re.search(r"loaded 28 of the model's 30 parameters from --pretrained-checkpoint", out)
     assert sorted(validations) == [8, 16, 24] and max(float(a) for a, _ in validations.values()) > 0.8, out
     assert all(math.isfinite(float(loss)) for loss, _ in losses.values())
 
 
-def test_a_finetuned_classifier_is_evaluated_without_training_data(tmp_path, finetuned, data):
+def test_fp16_finetuning_with_recompute_and_zero_3_learns_as_fp32_does(pretrained, data):
+    """--task sequence_classification --fp16 --zero-3-memory-optimization (one process: each layer
+    one piece): the pretrained fp32 weights go into the fp32 main copies of the pieces, the
+    classifier trains in fp16 (with recompute on) and reaches the fp32 run's accuracy."""
+    losses, validations, out = classify(pretrained, data, "--epochs", "3", "--fp16", "--initial-loss-scale", "4096",
+                                        "--checkpoint-activations", "--zero-3-memory-optimization")
+    assert "(ZeRO stage 3: 1/1 of each layer's parameters)" in out
+    assert re.search(r"loaded 28 of the model's 30 parameters from --pretrained-checkpoint", out)
+    assert sorted(validations) == [8, 16, 24] and max(float(a) for a, _ in validations.values()) > 0.8, out
+    assert all(math.isfinite(float(loss)) for loss, _ in losses.values())
+
+
+def test_zero_3_finetuning_loads_the_pretrained_gpt_and_trains_as_without(finetuned, pretrained, data):
+    """--zero-3-memory-optimization in the Finetuner (one process: each layer one piece, gathered
+    by an identity): --pretrained-checkpoint loads into the pieces, and the run prints the unsharded
+    run's losses, grad norms and validations (the norm adds flat pieces in another order: 1e-5)."""
+    losses, validations, out = classify(pretrained, data, "--epochs", "3", "--zero-3-memory-optimization")
+    _, _, (reference, reference_validations, _) = finetuned
+    assert "(ZeRO stage 3: 1/1 of each layer's parameters)" in out
+    assert re.search(r"loaded 28 of the model's 30 parameters from --pretrained-checkpoint", out)
+    assert sorted(losses) == sorted(reference) and sorted(validations) == sorted(reference_validations)
+    for found, expected in ((losses, reference), (validations, reference_validations)):
+        for iteration, values in found.items():
+            assert [float(v) for v in values] == pytest.approx([float(v) for v in expected[iteration]],
+                                                               rel=1e-5), iteration
+
+
+@pytest.mark.parametrize("zero", [(), ("--zero-3-memory-optimization",)], ids=["", "zero3"])
+def test_a_finetuned_classifier_is_evaluated_without_training_data(tmp_path, finetuned, data, zero):
+    """Also with ZeRO-3, whose model (one process: one piece per layer) has no optimizer to load
+    the checkpoint's whole tensors through."""
     save, best_iteration, (_, validations, _) = finetuned
     accuracy, f1 = validations[best_iteration]
     predictions = tmp_path / "predictions.jsonl"
     out = run_task("--load", os.path.join(save, BEST), "--skip-train", "--valid-data-path", data["valid"],
-                   "--predictions-file", str(predictions), "--no-progress-bar")
+                   "--predictions-file", str(predictions), "--no-progress-bar", *zero)
     assert "labels 0=negative, 1=positive" in out and "--skip-train: weights only" in out
     evaluation = re.search(rf"validation of the --load checkpoint \(iteration {best_iteration}\) \| accuracy: "
                            rf"([\d.]+) \| f1: ([\d.]+) \|", out)

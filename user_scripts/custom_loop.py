@@ -68,6 +68,7 @@ def batches(dataset, batch_size):
 
 # ---- model, optimizer, schedule --------------------------------------------------------------
 model = build_gpt_model(args, vocab_size)
+num_parameters = sum(p.size for p in model.trainable_params())     # (ZeRO-3 leaves each rank its pieces)
 # None, None: AdamW and Megatron's warmup + decay schedule from the flags (--lr, --lr-decay-style, ...)
 model, optimizer, lr_scheduler, train_loader = engine.compose(
     model, None, None, batches(train_ds, args.global_batch_size))
@@ -82,7 +83,7 @@ def forward_fn(tokens, position_ids, labels, loss_mask):
 
 # ---- the loop --------------------------------------------------------------------------------
 print(f"custom loop: {args.train_iters} steps of {args.global_batch_size} x {args.seq_length} tokens, "
-      f"{sum(p.size for p in model.trainable_params()):,} parameters")
+      f"{num_parameters:,} parameters")
 start, recent_losses, interval_means = time.perf_counter(), [], []
 for step, batch in enumerate(train_loader, start=1):
     loss = optimizer.step(forward_fn, batch["tokens"], batch["position_ids"], batch["labels"],

@@ -67,14 +67,24 @@ class EpochSampler:
 
 
 class SequentialSampler:
-    """Every sample once, in order (evaluation); the last group may be short."""
+    """Every sample once, in order (evaluation); the last group may be short, so a rank may have
+    one micro-batch fewer than another. With `equal_batches` such a rank ends with one padding
+    micro-batch (the set's first sample again; `padding_batches` says how many), for models whose
+    forward every data-parallel rank must run together (ZeRO-3 gathers each layer's weights from
+    all of them)."""
 
-    def __init__(self, size, micro_batch_size, dp_rank=0, dp_size=1):
+    def __init__(self, size, micro_batch_size, dp_rank=0, dp_size=1, equal_batches=False):
         self.size, self.micro_batch_size, self.dp_rank, self.dp_size = size, micro_batch_size, dp_rank, dp_size
+        groups = -(-size // (micro_batch_size * dp_size))
+        self.padding_batches = groups - len(self.real_batches()) if equal_batches else 0
+
+    def real_batches(self):
+        """This rank's micro-batches of the set's samples (index lists)."""
+        return list(_rank_slices(np.arange(self.size), self.micro_batch_size, self.dp_rank, self.dp_size,
+                                 drop_last=False))
 
     def __iter__(self):
-        return _rank_slices(np.arange(self.size), self.micro_batch_size, self.dp_rank, self.dp_size,
-                            drop_last=False)
+        return iter(self.real_batches() + [[0]] * self.padding_batches)
 
 
 def default_collate(samples):

@@ -25,7 +25,7 @@ import numpy as np
 
 from rapidgpt.models.transformer import LayerNorm, ParallelTransformerLayer, TransformerConfig, TransformerLayers
 from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy
-from rapidgpt.parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
+from rapidgpt.parallel.layers import ColumnParallelLinear, OneWeightLayer, VocabParallelEmbedding
 from rapidgpt.parallel.mappings import CopyToTensorParallelRegion, GatherFromTensorParallelRegion
 from rapidgpt.parallel.pipeline import stage_layer_range
 from rapidgpt.parallel.random import Dropout, ParamInit, graph_arange
@@ -34,7 +34,7 @@ from rapidgpt.parallel.state import (get_pipeline_model_parallel_rank, get_pipel
 from rapidgpt.tokenizer import padded_vocab_size
 
 
-class PositionEmbedding(nn.Cell):
+class PositionEmbedding(OneWeightLayer, nn.Cell):
     """Learned absolute positions `[max_positions, h]`, replicated on every TP rank."""
 
     def __init__(self, max_positions, hidden_size, init_std):
@@ -43,12 +43,8 @@ class PositionEmbedding(nn.Cell):
         self.param_inits = {"weight": ParamInit(init_std, (max_positions, hidden_size))}
         self.fully_sharded = None          # ZeRO-3 (rapidgpt/parallel/fully_sharded.py)
 
-    def zero3_slots(self):
-        return [(self, "weight")]
-
     def construct(self, position_ids):
-        weight = self.weight if self.fully_sharded is None else self.fully_sharded()[0]
-        return ops.gather(weight, position_ids, 0)
+        return ops.gather(self.whole_weights()[0], position_ids, 0)
 
 
 class GPTModel(nn.Cell):

@@ -179,29 +179,40 @@ class ParallelTransformerLayer(nn.Cell):
         self.post_attention_dropout = Dropout(config.hidden_dropout)
         self.post_mlp_dropout = Dropout(config.hidden_dropout)
         self.fully_sharded = None
+        # Where each sub-layer's weights sit in zero3_slots(), the order they are handed down in.
+        ends = np.cumsum([len(cell.zero3_slots()) for cell in self._weighted_sublayers()]).tolist()
+        self.weight_ranges = tuple(zip([0] + ends[:-1], ends))
+
+    def _weighted_sublayers(self):
+        return self.input_layernorm, self.self_attention, self.post_attention_layernorm, self.mlp
 
     def zero3_slots(self):
-        """Its 12 parameters in the order `construct` hands them down."""
-        return (self.input_layernorm.zero3_slots() + self.self_attention.zero3_slots()
-                + self.post_attention_layernorm.zero3_slots() + self.mlp.zero3_slots())
+        """Its parameters (12) in the order `construct` hands them down."""
+        return [slot for cell in self._weighted_sublayers() for slot in cell.zero3_slots()]
 
     def whole_weights(self):
         """None (the sub-layers read their own Parameters), or under ZeRO-3 the 12 gathered here."""
         return None if self.fully_sharded is None else self.fully_sharded()
 
+    def sublayer_weights(self):
+        """Each weighted sub-layer's weights (in _weighted_sublayers order): None each (they read
+        their own Parameters), or under ZeRO-3 their share of the layer's, gathered here."""
+        if self.fully_sharded is None:
+            return None, None, None, None
+        w = self.fully_sharded()
+        return tuple(w[start:end] for start, end in self.weight_ranges)
+
     def construct(self, x, attention_mask=None):
-        w = self.whole_weights()
-        attention = self.self_attention(self.input_layernorm(x, _part(w, 0, 2)), attention_mask, _part(w, 2, 6))
-        x = x + self.post_attention_dropout(attention)
-        mlp = self.mlp(self.post_attention_layernorm(x, _part(w, 6, 8)), _part(w, 8, 12))
-        return x + self.post_mlp_dropout(mlp)
+        ln1, attention, ln2, mlp = self.sublayer_weights()
+        x = x + self.post_attention_dropout(self.self_attention(self.input_layernorm(x, ln1), attention_mask, attention))
+        return x + self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(x, ln2), mlp))
 
     def decode(self, x, past=None):
         """The layer with cached keys/values (generation, eval mode); returns (x, present)."""
-        w = self.whole_weights()
-        attention, present = self.self_attention.decode(self.input_layernorm(x, _part(w, 0, 2)), past, _part(w, 2, 6))
+        ln1, attention_weights, ln2, mlp = self.sublayer_weights()
+        attention, present = self.self_attention.decode(self.input_layernorm(x, ln1), past, attention_weights)
         x = x + attention
-        return x + self.mlp(self.post_attention_layernorm(x, _part(w, 6, 8)), _part(w, 8, 12)), present
+        return x + self.mlp(self.post_attention_layernorm(x, ln2), mlp), present
 
 
 class TransformerLayers(nn.SequentialCell):

@@ -39,53 +39,17 @@ state under the parameter's name, whole): `checkpoint_tensors` returns ShardedSt
 that are gathered when saved and cut to this rank's pieces when loaded, so a checkpoint resumes at
 any data-parallel size, with or without ZeRO.
 """
-import math
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 from rapidgpt.optim.mixed_precision import OptimizerWrapper, checkpoint_name
 from rapidgpt.parallel import comm
-from rapidgpt.parallel.data_parallel import REDUCED_IN_BACKWARD, ShardPlan, padded_cat
+from rapidgpt.parallel.data_parallel import REDUCED_IN_BACKWARD, ShardedKind, ShardedState, ShardPlan, padded_cat
 from rapidgpt.parallel.state import (get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size,
                                      get_parallel_state)
 
 PIECE_PREFIX = "zero_shard."
-
-
-class _Kind:
-    """One kind of sharded tensor (the main parameters, Adam's m, ...) of one layout (`layout`: a
-    DistributedOptimizerWrapper, or a ZeRO-3 unit's ShardedWeights; its `plan` and
-    `gather_pieces`): this rank's piece Parameters in plan order, gathered into whole
-    per-parameter values at most once."""
-
-    def __init__(self, layout, pieces):
-        self.layout, self.pieces, self._whole = layout, pieces, None
-        self.of_parameter = {}                   # parameter index -> [(piece, first, end)]
-        for piece, (i, lo, hi) in zip(pieces, layout.plan.pieces):
-            self.of_parameter.setdefault(i, []).append((piece, lo, hi))
-
-    def whole(self, i):
-        if self._whole is None:
-            self._whole = self.layout.gather_pieces(tuple(p.value() for p in self.pieces))
-        return self._whole[i]
-
-
-class ShardedState:
-    """A checkpoint tensor of which this rank holds pieces: `whole_value()` (called on every
-    data-parallel rank when saving) is the whole value; `set_data(whole)` (loading) keeps this
-    rank's pieces of it."""
-
-    def __init__(self, kind, index, shape):
-        self.kind, self.index, self.shape, self.dtype = kind, index, tuple(shape), ms.float32
-
-    def whole_value(self):
-        return self.kind.whole(self.index)
-
-    def set_data(self, value):
-        flat = value.astype(ms.float32).asnumpy().reshape(-1)
-        for piece, lo, hi in self.kind.of_parameter.get(self.index, ()):
-            piece.set_data(Tensor(flat[lo:hi].copy()))
 
 
 class DistributedOptimizerWrapper(OptimizerWrapper):
@@ -120,7 +84,6 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
             for i, lo, hi in self.plan.pieces)
         self.optimizer = make_optimizer(self.main_params, tuple(self.owner_decays[i] for i, _, _ in self.plan.pieces))
         self.all_gather = comm.AllGather(group, axis=0)
-        self.shapes = tuple(tuple(p.shape) for p in self.parameters)
 
     def sharding_note(self):
         return f" (ZeRO stage {2 if self.shards_gradients else 1}: 1/{self.plan.size} of the flat parameters)"
@@ -128,8 +91,7 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
     def gather_pieces(self, pieces):
         """Every model parameter's whole value (fp32, in model order) from this rank's `pieces` (one
         tensor per piece, in plan order) and the other data-parallel ranks'."""
-        flat = self.all_gather(padded_cat(pieces, self.plan.padding, ms.float32))
-        return tuple(flat[a:a + math.prod(shape)].reshape(shape) for a, shape in zip(self.plan.offsets, self.shapes))
+        return self.plan.split(self.all_gather(padded_cat(pieces, self.plan.padding, ms.float32)))
 
     def step(self, grads, lr):
         if not self.shards_gradients:
@@ -164,7 +126,7 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
         return tensors
 
     def _sharded(self, pieces, prefix):
-        kind = _Kind(self, tuple(pieces))
+        kind = ShardedKind(self, tuple(pieces))
         return {prefix + p.name: ShardedState(kind, i, p.shape) for i, p in enumerate(self.parameters)}
 
     def reload_model_params(self):
@@ -217,8 +179,6 @@ class FullyShardedOptimizerWrapper(OptimizerWrapper):
         for prefix, pieces in kinds.items():
             start = 0
             for unit in self.units:
-                kind = _Kind(unit, tuple(pieces[start:start + len(unit.pieces)]))
+                tensors.update(unit.whole_states(pieces[start:start + len(unit.pieces)], prefix))
                 start += len(unit.pieces)
-                tensors.update({prefix + name: ShardedState(kind, i, shape)
-                                for i, (name, shape) in enumerate(zip(unit.names, unit.shapes))})
         return tensors

@@ -11,7 +11,7 @@ FP32Optimizer do it.
     norm, found_inf  the global L2 norm over the whole model: every rank adds the sums of squares
                      of the gradients it counts (its tensor-parallel shards, each replicated
                      parameter on one TP rank, the tied embeddings on the first pipeline stage
-                     only) over the model-parallel group (TP x PP; under ZeRO-2 over every rank,
+                     only) over the model-parallel group (TP x PP; under ZeRO-2 and 3 over every rank,
                      each data-parallel rank holding other pieces). found_inf = the norm is
                      not finite, so every rank of the model-parallel group agrees on it, and the
                      data-parallel ranks do too: they hold the same averaged gradients.
@@ -207,41 +207,43 @@ def _sharded_wrapper(optimizer, model, args):
     """ZeRO: the inner optimizer (the flags', or the user's rebuilt) over this rank's pieces of the
     main parameters (rapidgpt/optim/distributed_optimizer.py), each piece decayed as the parameter
     it is cut from. Stages 1 and 2 cut them from the model's whole parameters; at stage 3 the model
-    already holds only its pieces (its `units`, rapidgpt/parallel/fully_sharded.py)."""
-    from rapidgpt.optim.adamw import weight_decays_of
+    already holds only its pieces (its units, rapidgpt/parallel/fully_sharded.py), of which the
+    parameters' names and ranks are what the weight-decay rule reads."""
     from rapidgpt.optim.distributed_optimizer import DistributedOptimizerWrapper, FullyShardedOptimizerWrapper
     from rapidgpt.parallel.fully_sharded import fully_sharded_units
-    stage3 = args.zero.stage == 3
-    units = fully_sharded_units(model) if stage3 else None
-    # The parameters the pieces are cut from (at stage 3 their name and rank, all that is left).
-    owners = ([_Owner(u.names[i], u.ndims[i]) for u in units for i, _, _ in u.plan.pieces] if stage3
-              else model.trainable_params())
-    if optimizer is None:
-        decays = weight_decays_of(owners, args.weight_decay)
+    if args.zero.stage == 3:
+        units = fully_sharded_units(model)
+        owners = [_Owner(u.names[i], u.ndims[i]) for u in units for i, _, _ in u.plan.pieces]
+        decays, make = _piece_optimizer(optimizer, owners, args)
+        return FullyShardedOptimizerWrapper(units, lambda main: make(main, decays), args.precision, args.clip_grad)
+    owners = model.trainable_params() if optimizer is None else list(optimizer.parameters)
+    decays, make = _piece_optimizer(optimizer, owners, args)
+    return DistributedOptimizerWrapper(owners, make, decays, args.precision, args.clip_grad,
+                                       shard_gradients=args.zero.stage >= 2)
 
+
+def _piece_optimizer(optimizer, owners, args):
+    """(the weight decay of each of `owners`, `make(pieces, piece_decays)` -> the inner optimizer
+    over pieces): the flags' optimizer, or the user's `optimizer` rebuilt (its decays by name)."""
+    from rapidgpt.optim.adamw import weight_decays_of
+    if optimizer is None:
         def make(pieces, piece_decays):
             inner = build_optimizer(args, pieces)
             inner.weight_decays = piece_decays
             return inner
-    else:
-        if not hasattr(optimizer, "with_parameters"):
-            raise OptimizerRebuildError(
-                f"{args.zero.flag}: the {type(optimizer).__name__} from "
-                f"model_optimizer_lr_scheduler_provider cannot be rebuilt over this rank's shard of the "
-                f"parameters; return rapidgpt.optim.AdamW/SGD, or None to build one from the flags")
-        decay_of = {p.name: decay for p, decay in zip(optimizer.parameters, optimizer.weight_decays)}
-        if stage3 and any(o.name not in decay_of for o in owners):
-            missing = next(o.name for o in owners if o.name not in decay_of)
-            raise OptimizerRebuildError(f"{args.zero.flag}: the optimizer from model_optimizer_lr_scheduler_provider "
-                                        f"does not update {missing}, a trainable parameter of the model; build it "
-                                        f"over model.trainable_params()")
-        owners = owners if stage3 else list(optimizer.parameters)
-        decays = tuple(decay_of[o.name] for o in owners)
-        make = optimizer.with_parameters
-    if stage3:
-        return FullyShardedOptimizerWrapper(units, lambda main: make(main, decays), args.precision, args.clip_grad)
-    return DistributedOptimizerWrapper(owners, make, decays, args.precision, args.clip_grad,
-                                       shard_gradients=args.zero.stage >= 2)
+        return weight_decays_of(owners, args.weight_decay), make
+    if not hasattr(optimizer, "with_parameters"):
+        raise OptimizerRebuildError(
+            f"{args.zero.flag}: the {type(optimizer).__name__} from model_optimizer_lr_scheduler_provider cannot "
+            f"be rebuilt over this rank's shard of the parameters; return rapidgpt.optim.AdamW/SGD, or None to "
+            f"build one from the flags")
+    decay_of = {p.name: decay for p, decay in zip(optimizer.parameters, optimizer.weight_decays)}
+    missing = [o.name for o in owners if o.name not in decay_of]
+    if missing:
+        raise OptimizerRebuildError(f"{args.zero.flag}: the optimizer from model_optimizer_lr_scheduler_provider does "
+                                    f"not update {missing[0]}, a trainable parameter of the model; build it over "
+                                    f"model.trainable_params()")
+    return tuple(decay_of[o.name] for o in owners), optimizer.with_parameters
 
 
 class _Owner(NamedTuple):

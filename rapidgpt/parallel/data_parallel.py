@@ -16,11 +16,13 @@ vector cut into one equal range per DP rank (ShardPlan). From stage 2 on the gra
 into that layout instead: `GradientShardReducer` reduce-scatters the flat gradient vector, so each
 rank ends the step holding only the sums of the elements it owns. At stage 3 the model's
 parameters are such pieces (rapidgpt/parallel/fully_sharded.py) and the backward of their gathers
-already sums their gradients over the ranks (`REDUCED_IN_BACKWARD`).
+already sums their gradients over the ranks (`REDUCED_IN_BACKWARD`). Whatever the stage, a
+checkpoint holds whole tensors: `ShardedState` is one as seen from a rank holding pieces of it.
 """
 import math
 
-from mindspore import nn, ops
+import mindspore as ms
+from mindspore import Tensor, nn, ops
 
 from rapidgpt.parallel import comm
 
@@ -80,6 +82,7 @@ class ShardPlan:
     parameter i starts in the flat vector; `padding`: the zeros ending this rank's range."""
 
     def __init__(self, shapes, size, rank):
+        self.shapes = tuple(tuple(shape) for shape in shapes)
         counts = [math.prod(shape) for shape in shapes]
         self.offsets = [sum(counts[:i]) for i in range(len(counts))]
         self.total = sum(counts)
@@ -90,6 +93,10 @@ class ShardPlan:
                             for i, (a, n) in enumerate(zip(self.offsets, counts)) if a < end and a + n > start)
         self.padding = self.shard - sum(hi - lo for _, lo, hi in self.pieces)
         self.flat_padding = size * self.shard - self.total          # all ranks' padding: the last ranks'
+
+    def split(self, flat):
+        """The whole flat vector (all ranks' ranges) -> each parameter's tensor, in order."""
+        return tuple(flat[a:a + math.prod(shape)].reshape(shape) for a, shape in zip(self.offsets, self.shapes))
 
 
 def padded_cat(parts, zeros, dtype):
@@ -120,3 +127,38 @@ class GradientShardReducer(nn.Cell):
         flat = padded_cat([ops.cast(g.reshape(-1), self.dtype) for g in grads], self.flat_padding, self.dtype)
         shard = self.reduce_scatter(flat)
         return tuple(shard[a:b] for a, b in self.bounds)
+
+
+class ShardedKind:
+    """One kind of sharded tensor (the main parameters, Adam's m, a ZeRO-3 layer's weights, ...) of
+    one layout (`layout`: its `plan`, a ShardPlan, and `gather_pieces(pieces)`, the whole fp32
+    tensors from every rank's pieces): this rank's piece Parameters in plan order, gathered into
+    whole per-parameter values at most once."""
+
+    def __init__(self, layout, pieces):
+        self.layout, self.pieces, self._whole = layout, pieces, None
+        self.of_parameter = {}                   # parameter index -> [(piece, first, end)]
+        for piece, (i, lo, hi) in zip(pieces, layout.plan.pieces):
+            self.of_parameter.setdefault(i, []).append((piece, lo, hi))
+
+    def whole(self, i):
+        if self._whole is None:
+            self._whole = self.layout.gather_pieces(tuple(p.value().astype(ms.float32) for p in self.pieces))
+        return self._whole[i]
+
+
+class ShardedState:
+    """A checkpoint tensor of which this rank holds pieces (the whole tensor's name and `shape`, as
+    an unsharded run saves it): `whole_value()` (called on every data-parallel rank when saving)
+    is the whole fp32 value; `set_data(whole)` (loading) keeps this rank's pieces of it."""
+
+    def __init__(self, kind, index, shape):
+        self.kind, self.index, self.shape, self.dtype = kind, index, tuple(shape), ms.float32
+
+    def whole_value(self):
+        return self.kind.whole(self.index)
+
+    def set_data(self, value):
+        flat = value.astype(ms.float32).asnumpy().reshape(-1)
+        for piece, lo, hi in self.kind.of_parameter.get(self.index, ()):
+            piece.set_data(Tensor(flat[lo:hi].copy()).astype(piece.dtype))

@@ -26,23 +26,29 @@ piece's gradient comes out summed over the data-parallel ranks; the schedule doe
 again (data_parallel.REDUCED_IN_BACKWARD). Released after use: the gather cell is marked for
 MindSpore's recompute with its output (`Cell.recompute(output_recompute=True)`), so the whole
 weights are not kept from the forward for the backward: the backward gathers them again (checked
-on the compiled graph: one more all-gather per unit). Without the mark the graph keeps each
-layer's whole weights from its forward to its backward, so the step's peak would hold them all.
+on the compiled graph of the tiny test GPT: 16 collectives instead of 12). Without the mark the
+graph keeps each layer's whole weights from its forward to its backward, so the step's peak would
+hold them all. Measured on the CPU (benchmarks/bench_parallel.py --only zero, GPT 4 x 256, DP=2,
+one run each): 2566 tokens/s and 2055 MiB peak RSS with the mark, 2854 and 2047 without: the
+regather costs throughput and, as activation recompute in MindSpore's compiled CPU step, saves
+no RSS there (the step's peak is not made of these tensors); it is kept because it is what frees
+a large model's weights between its forward and backward.
 The mark needs a graph: a unit that runs op by op (outside the compiled layers of a pipeline
 stage) keeps its weights for its backward instead.
 
 Precision: pieces are in the model's dtype; in 16-bit runs with
---accumulate-allreduce-grads-in-fp32 the gather runs in fp32, so the gradients' reduce-scatter sums
-in fp32 too (as the data-parallel all-reduce does without ZeRO).
+--accumulate-allreduce-grads-in-fp32 (bf16 always) the gather runs in fp32, so the gradients'
+reduce-scatter sums the ranks' gradients in fp32; each micro-batch's sum is then rounded once to
+the pieces' 16-bit gradient (MindSpore differentiates a parameter in its own dtype) before the
+micro-batches are accumulated in fp32. Without ZeRO-3 the data-parallel sum stays in fp32 until
+the optimizer; the fp32 gather also moves, and briefly holds, twice the bytes of a 16-bit one.
 """
-import math
-
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from rapidgpt.parallel import comm
-from rapidgpt.parallel.data_parallel import ShardPlan, padded_cat
+from rapidgpt.parallel.data_parallel import ShardedKind, ShardedState, ShardPlan, padded_cat
 from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size
 
 # The marks a parameter carries for the gradient norm and the pipeline's tied embeddings.
@@ -74,8 +80,9 @@ class ShardedWeights(nn.Cell):
         self.plan = ShardPlan(self.shapes, get_data_parallel_world_size(), get_data_parallel_rank())
         if (self.plan.size - 1) * self.plan.shard >= self.plan.total:      # decided alike on every rank
             raise FullyShardedModelError(
-                f"ZeRO-3: the {self.plan.total} elements of {self.names[0]}... are too few to give each of "
-                f"{self.plan.size} data-parallel ranks a piece")
+                f"--zero-3-memory-optimization: the layer of {self.names[0]} ({self.plan.total} elements) is too "
+                f"small to cut into {self.plan.size} equal ranges that each hold some of it; use fewer "
+                f"data-parallel ranks or --zero-2-memory-optimization")
         pieces = []
         for i, lo, hi in self.plan.pieces:
             # Through fp32 host values (exact for 16-bit ones): a slice of a device tensor is a
@@ -89,33 +96,42 @@ class ShardedWeights(nn.Cell):
         self.pieces = ParameterTuple(pieces)
         self.all_gather = comm.AllGather(get_data_parallel_group(), axis=0)
 
-    def _split(self, flat):
-        return tuple(flat[a:a + math.prod(shape)].reshape(shape) for a, shape in zip(self.plan.offsets, self.shapes))
-
     def construct(self):
         if self.gather_dtype == self.dtype:
-            return self._split(self.all_gather(padded_cat(self.pieces, self.plan.padding, self.dtype)))
+            return self.plan.split(self.all_gather(padded_cat(self.pieces, self.plan.padding, self.dtype)))
         pieces = [ops.cast(p, self.gather_dtype) for p in self.pieces]
-        whole = self._split(self.all_gather(padded_cat(pieces, self.plan.padding, self.gather_dtype)))
+        whole = self.plan.split(self.all_gather(padded_cat(pieces, self.plan.padding, self.gather_dtype)))
         return tuple(ops.cast(w, self.dtype) for w in whole)
 
     def gather_pieces(self, pieces):
-        """The whole fp32 values (in parameter order) from this rank's `pieces` (tensors of one
-        kind, e.g. Adam's m, in plan order) and the other data-parallel ranks': for checkpoints."""
-        return self._split(self.all_gather(padded_cat(pieces, self.plan.padding, ms.float32)))
+        """The whole fp32 values (in parameter order) from this rank's `pieces` (fp32 tensors of
+        one kind, e.g. Adam's m, in plan order) and the other data-parallel ranks': for checkpoints."""
+        return self.plan.split(self.all_gather(padded_cat(pieces, self.plan.padding, ms.float32)))
+
+    def whole_states(self, pieces=None, prefix=""):
+        """{prefix + parameter name: ShardedState} of `pieces` (this rank's, in plan order; default:
+        the weights themselves): what a checkpoint saves of them, whole."""
+        kind = ShardedKind(self, tuple(self.pieces if pieces is None else pieces))
+        return {prefix + name: ShardedState(kind, i, shape)
+                for i, (name, shape) in enumerate(zip(self.names, self.shapes))}
 
 
 def _units_of(model):
     """[(cell, its parameters in zero3_slots order)] of the cells that become units: pre-order, so
     a decoder layer claims its sub-layers' parameters before they are visited."""
-    units, claimed = [], set()
-    for _, cell in model.cells_and_names():
-        if not (hasattr(cell, "zero3_slots") and hasattr(cell, "fully_sharded")):
+    units, claimed, inside = [], {}, set()        # claimed: parameter id -> the unit cell's name
+    for name, cell in model.cells_and_names():
+        if id(cell) in inside or not (hasattr(cell, "zero3_slots") and hasattr(cell, "fully_sharded")):
             continue
         params = [getattr(owner, attribute) for owner, attribute in cell.zero3_slots()]
-        if any(id(p) in claimed for p in params):
-            continue
-        claimed.update(id(p) for p in params)
+        shared = next((p for p in params if id(p) in claimed), None)
+        if shared is not None:
+            raise FullyShardedModelError(
+                f"--zero-3-memory-optimization: {shared.name} is a parameter of both {claimed[id(shared)]} and "
+                f"{name}; ZeRO-3 shards each layer's parameters on their own, so give each layer its own "
+                f"(or pass the weight from one layer to the other, as the GPT's output layer does)")
+        claimed.update((id(p), name) for p in params)
+        inside.update(id(c) for _, c in cell.cells_and_names())
         trainable = [p.requires_grad for p in params]
         if not any(trainable):
             continue                                    # frozen: kept whole, never updated
@@ -142,8 +158,9 @@ def shard_model_parameters(model, gather_dtype=None):
     sharded = []
     for cell, params in _units_of(model):
         unit = ShardedWeights(params, gather_dtype)
-        for owner, attribute in cell.zero3_slots():
+        for (owner, attribute), name in zip(cell.zero3_slots(), unit.names):
             setattr(owner, attribute, None)
+            owner.zero3_names = dict(getattr(owner, "zero3_names", {}), **{attribute: name})
         cell.fully_sharded = unit
         for piece, (i, _, _) in zip(unit.pieces, unit.plan.pieces):
             piece.name = unit.names[i]           # attaching the cell prefixed them
@@ -161,3 +178,19 @@ def fully_sharded_units(model):
     """The ShardedWeights of a model transformed by `shard_model_parameters`, in model order."""
     return [cell.fully_sharded for _, cell in model.cells_and_names()
             if isinstance(getattr(cell, "fully_sharded", None), ShardedWeights)]
+
+
+def slot_name(cell, attribute):
+    """The name of `cell`'s parameter `attribute`, also once ZeRO-3 has replaced it by pieces."""
+    param = getattr(cell, attribute, None)
+    return param.name if param is not None else getattr(cell, "zero3_names", {}).get(attribute)
+
+
+def whole_parameters(model):
+    """{name: Parameter or ShardedState}: the model's parameters as an unsharded run names and
+    shapes them; under ZeRO-3 each unit's as ShardedStates of this rank's pieces (whole when a
+    checkpoint is saved, cut to the pieces when one is loaded)."""
+    tensors = {p.name: p for p in model.get_parameters()}
+    for unit in fully_sharded_units(model):
+        tensors.update(unit.whole_states())
+    return tensors

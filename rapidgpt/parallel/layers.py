@@ -152,7 +152,20 @@ class ReplicatedLinear(_ParallelLinear):
         super().__init__(input_size, output_size, bias, init_std, partition_dim=None)
 
 
-class VocabParallelEmbedding(nn.Cell):
+class OneWeightLayer:
+    """For a layer whose one parameter is `weight` (an embedding table): ZeRO-3's slot list and
+    `whole_weights()`, (weight,) gathered from this rank's piece when sharded."""
+
+    def zero3_slots(self):
+        return [(self, "weight")]
+
+    def whole_weights(self, weights=None):
+        if weights is not None:
+            return weights
+        return (self.weight,) if self.fully_sharded is None else self.fully_sharded()
+
+
+class VocabParallelEmbedding(OneWeightLayer, nn.Cell):
     """Embedding table `[vocab, h]` split along the vocabulary over TP ranks: ids `[...]` -> `[..., h]`.
 
     `num_embeddings` is the padded vocabulary; only the first `real_vocab_size` rows are drawn.
@@ -170,13 +183,6 @@ class VocabParallelEmbedding(nn.Cell):
         if self.tp > 1:
             self.reduce_from_region = ReduceFromTensorParallelRegion()
         self.fully_sharded = None
-
-    def zero3_slots(self):
-        return [(self, "weight")]
-
-    def whole_weights(self):
-        """(weight,): the table `[vocab / tp, h]` (gathered under ZeRO-3)."""
-        return (self.weight,) if self.fully_sharded is None else self.fully_sharded()
 
     def construct(self, ids):
         weight = self.whole_weights()[0]

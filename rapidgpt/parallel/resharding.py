@@ -17,6 +17,8 @@ Resharding one tensor (checkpoint at TP size m, model at TP size n):
 """
 import numpy as np
 
+from rapidgpt.parallel.fully_sharded import slot_name, whole_parameters
+
 
 def tensor_parallel_layout(model, names):
     """{name: [partition_dim, vocab_rows]} for the tensors among `names` that are split over TP
@@ -26,12 +28,11 @@ def tensor_parallel_layout(model, names):
     by_param = {}
     for _, cell in model.cells_and_names():
         for attr, spec in getattr(cell, "param_inits", {}).items():
-            param = getattr(cell, attr)
-            if param is not None and spec.partition_dim is not None:
-                by_param[param.name] = [spec.partition_dim, spec.drawn_rows]
-    model_names = set()
+            name = slot_name(cell, attr)              # (a ZeRO-3 model holds pieces of it)
+            if name is not None and spec.partition_dim is not None:
+                by_param[name] = [spec.partition_dim, spec.drawn_rows]
+    model_names = set(whole_parameters(model))
     for param in model.get_parameters():
-        model_names.add(param.name)
         if getattr(param, "tensor_model_parallel", False):
             by_param.setdefault(param.name, [None, None])
     layout = {}

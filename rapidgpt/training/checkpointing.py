@@ -21,6 +21,7 @@ import numpy as np
 from rapidgpt import __version__
 from rapidgpt.msrun_env import launched_by_msrun, passed_on_signal
 from rapidgpt.parallel.comm import sum_over_ranks
+from rapidgpt.parallel.fully_sharded import whole_parameters
 from rapidgpt.parallel.resharding import merge_shards, split_for_rank, tensor_parallel_layout
 from rapidgpt.parallel.state import get_parallel_state
 from rapidgpt.training.checkpoint_files import (METADATA, MODEL_ARGS, STATE, WEIGHTS, CheckpointError,
@@ -52,8 +53,9 @@ def _named_parameters(model, optimizer, with_optimizer):
     """{checkpoint name: Parameter}: the model's parameters, each replaced by its fp32 main copy
     when the optimizer wrapper keeps one (16-bit runs), then with `with_optimizer` the optimizer's
     state (moments, step, lr, loss scaler) under the names an fp32 run gives it
-    (rapidgpt/optim/mixed_precision.py): a checkpoint does not depend on the training precision."""
-    params = {p.name: p for p in model.get_parameters()}
+    (rapidgpt/optim/mixed_precision.py): a checkpoint does not depend on the training precision.
+    Under ZeRO-3 the model's parameters are ShardedStates over its pieces (whole_parameters)."""
+    params = whole_parameters(model)
     if optimizer is not None:
         for name, tensor in optimizer.checkpoint_tensors(with_optimizer).items():
             params[name] = tensor
@@ -128,7 +130,7 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
             "scheduler": scheduler.state_dict() if not args.no_save_optim else None,
             "rng": rng_state() if not args.no_save_rng else None,
             "has_optimizer": not args.no_save_optim,
-            "model_parameters": [p.name for p in model.get_parameters()],
+            "model_parameters": list(whole_parameters(model)),
             "tensor_parallel_layout": tensor_parallel_layout(model, params)})
         fsync_path(rank_dir)
 
@@ -282,7 +284,7 @@ class _HuggingFaceWeights:
         for note in notes if logger is not None else ():
             logger.warning(f"{path}: {note}")
         self.where, self.meta, self.prefix = path, {}, ""
-        self.layout = tensor_parallel_layout(model, [p.name for p in model.get_parameters()])
+        self.layout = tensor_parallel_layout(model, list(whole_parameters(model)))
         self.tp_rank, _, _ = get_parallel_state().coordinates()
         self.tp_size = get_parallel_state().tensor_model_parallel_size
 

@@ -12,6 +12,8 @@
             for batch in eval_dataloader:                      # this rank's share of the set
                 predictions.append(model(batch["x"]).argmax(axis=-1).asnumpy())
                 labels.append(batch["label"].asnumpy())
+            predictions = eval_dataloader.without_padding(predictions)   # ZeRO-3 pads (EvalDataLoader)
+            labels = eval_dataloader.without_padding(labels)
             predictions = self.gather(np.concatenate(predictions))   # every DP rank's, concatenated
             labels = self.gather(np.concatenate(labels))
             return {"accuracy": float((predictions == labels).mean())}
@@ -60,12 +62,22 @@ class EvalDataLoader:
     `indices` are the dataset indices of this rank's samples in the order its batches hold them
     (`self.gather(indices)` lines gathered rows up with the dataset), `num_samples` their count;
     `split` is "validation" or "test".
+
+    With `equal_batches` (ZeRO-3: every data-parallel rank must run each forward, which gathers
+    the layers' weights from all of them) a rank left without a batch in the last group runs
+    `padding_batches` (0 or 1) more at the end, of the set's first sample again: leave their
+    results out with `without_padding(per_batch_results)` (RapidGPT's metric helpers do).
     """
 
-    def __init__(self, dataset, micro_batch_size, collate_fn, split="validation"):
+    def __init__(self, dataset, micro_batch_size, collate_fn, split="validation", equal_batches=False):
         self.dataset, self.collate_fn, self.split = dataset, collate_fn, split
         self.sampler = SequentialSampler(len(dataset), micro_batch_size, get_data_parallel_rank(),
-                                         get_data_parallel_world_size())
+                                         get_data_parallel_world_size(), equal_batches)
+        self.padding_batches = self.sampler.padding_batches
+
+    def without_padding(self, results):
+        """`results` (one per batch this loader yielded) without the padding batches'."""
+        return list(results)[:len(results) - self.padding_batches]
 
     def __iter__(self):
         return map(to_tensors, micro_batches(self.dataset, self.sampler, self.collate_fn))
@@ -76,7 +88,7 @@ class EvalDataLoader:
 
     @property
     def indices(self):
-        return np.array([i for batch in self.sampler for i in batch], np.int64)
+        return np.array([i for batch in self.sampler.real_batches() for i in batch], np.int64)
 
     @property
     def num_samples(self):
@@ -192,7 +204,7 @@ class Finetuner(Trainer):
         sampler = EpochSampler(len(train_ds), consumed, args.micro_batch_size, get_data_parallel_rank(),
                                get_data_parallel_world_size(), seed=args.seed)
         batches = micro_batches(train_ds, sampler, collate_fn, args.num_workers)
-        eval_loader = EvalDataLoader(valid_ds, args.micro_batch_size, collate_fn) if valid_ds is not None else None
+        eval_loader = self._eval_loader(valid_ds, collate_fn) if valid_ds is not None else None
 
         def forward(batch):
             return self.run_forward_step(batch, model)
@@ -206,7 +218,7 @@ class Finetuner(Trainer):
                 self._keep_if_best(iteration, epoch, metrics)
 
         def test(iteration):
-            metrics = self._compute_metrics(EvalDataLoader(test_ds, args.micro_batch_size, collate_fn, "test"))
+            metrics = self._compute_metrics(self._eval_loader(test_ds, collate_fn, "test"))
             report_metrics(f"test at the end of training (iteration {iteration})", iteration, metrics, "test")
 
         finished = True
@@ -235,12 +247,16 @@ class Finetuner(Trainer):
         model.set_train(False)
         for split, dataset in (("validation", valid_ds), ("test", test_ds)):
             if dataset is not None:
-                metrics = self._compute_metrics(EvalDataLoader(dataset, args.micro_batch_size, collate_fn, split))
+                metrics = self._compute_metrics(self._eval_loader(dataset, collate_fn, split))
                 report_metrics(f"{split} of the --load checkpoint (iteration {iteration})", iteration, metrics,
                                split)
                 if split == "validation":
                     self.history.append((iteration, metrics))
         return model
+
+    def _eval_loader(self, dataset, collate_fn, split="validation"):
+        return EvalDataLoader(dataset, self.args.micro_batch_size, collate_fn, split,
+                              equal_batches=self.args.zero.stage == 3)
 
     def _compute_metrics(self, loader):
         metrics = {name: float(value) for name, value in self.run_compute_metrics(self.model, loader).items()}

@@ -37,7 +37,15 @@ def evaluate_classification(logits_of, eval_dataloader, gather=np.asarray):
     for batch in eval_dataloader:
         predictions.append(logits_of(batch).argmax(axis=-1).asnumpy())
         labels.append(batch["label"].asnumpy())
+    predictions, labels = _without_padding(eval_dataloader, predictions), _without_padding(eval_dataloader, labels)
     return classification_metrics(_gathered(predictions, gather), _gathered(labels, gather))
+
+
+def _without_padding(eval_dataloader, results):
+    """Per-batch `results` without those of the padding batches a Finetuner's EvalDataLoader adds
+    under ZeRO-3 (another iterable of batches has none)."""
+    drop = getattr(eval_dataloader, "without_padding", None)
+    return drop(results) if drop is not None else results
 
 
 class Predictions(NamedTuple):
@@ -61,6 +69,8 @@ def predict_classes(logits_of, eval_dataloader, gather=np.asarray):
         classes.append(logits.argmax(axis=-1))
         probabilities.append((exp / exp.sum(axis=-1, keepdims=True)).ravel())     # flat: ranks may have none
         labels.append(batch["label"].asnumpy())
+    classes, probabilities, labels = (_without_padding(eval_dataloader, results)
+                                      for results in (classes, probabilities, labels))
     order = np.argsort(gather(eval_dataloader.indices), kind="stable")
     labels = _gathered(labels, gather)[order].astype(np.int64)
     probabilities = _gathered(probabilities, gather).reshape(len(labels), -1)[order]

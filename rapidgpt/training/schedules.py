@@ -92,7 +92,7 @@ class DataParallelFinalize(nn.Cell):
             self.sum_over_dp = GradientShardReducer(gradient_layout, group, dtype)
             self.gradient_bytes = (gradient_layout.shard - gradient_layout.padding) * _itemsize(dtype)
         else:
-            self.sum_over_dp = GradientSummer(params, group)
+            self.sum_over_dp = GradientSummer(params, group) if self.reduces_grads else None
             self.gradient_bytes = sum(int(p.size) * _itemsize(ms.float32 if cast_to_fp32 else p.dtype)
                                       for p in params)
         self.dp_sum = comm.AllReduce(group)

@@ -190,10 +190,6 @@ class ParallelTransformerLayer(nn.Cell):
         """Its parameters (12) in the order `construct` hands them down."""
         return [slot for cell in self._weighted_sublayers() for slot in cell.zero3_slots()]
 
-    def whole_weights(self):
-        """None (the sub-layers read their own Parameters), or under ZeRO-3 the 12 gathered here."""
-        return None if self.fully_sharded is None else self.fully_sharded()
-
     def sublayer_weights(self):
         """Each weighted sub-layer's weights (in _weighted_sublayers order): None each (they read
         their own Parameters), or under ZeRO-3 their share of the layer's, gathered here."""

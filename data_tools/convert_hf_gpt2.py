@@ -26,10 +26,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rapidgpt.arguments import ArgumentError  # noqa: E402
-from rapidgpt.models.hf_gpt2 import (CONFIG, SAFETENSORS, TOKENIZER_FILES, HFConversionError,  # noqa: E402
-                                     eod_id, flags_from_hf_config, flags_of_model, hf_config_from_flags,
-                                     hf_to_rapidgpt, load_into_model, read_hf_folder, rapidgpt_to_hf,
-                                     tokenizer_files, vocab_file_size, write_safetensors)
+from rapidgpt.models.hf_files import (CONFIG, SAFETENSORS, HFConversionError, load_into_model,  # noqa: E402
+                                      write_safetensors)
+from rapidgpt.models.hf_gpt2 import (TOKENIZER_FILES, eod_id, flags_from_hf_config, flags_of_model,  # noqa: E402
+                                     hf_config_from_flags, hf_to_rapidgpt, read_hf_folder, rapidgpt_to_hf,
+                                     tokenizer_files, vocab_file_size)
 from rapidgpt.training.checkpoint_files import (LATEST, CheckpointError, find_checkpoint, read_metadata)
 from rapidgpt.training.checkpointing import save_checkpoint  # noqa: E402
 
@@ -39,7 +40,7 @@ PROG = "convert_hf_gpt2.py"
 def hf_to_checkpoint(hf_dir, save, ckpt_format="ckpt", divisible_by=128):
     """Write the HF GPT-2 folder `hf_dir` as a RapidGPT checkpoint under `save`; returns its path."""
     from rapidgpt.models.gpt import build_gpt_model
-    from rapidgpt.models.pretrained import gpt_args
+    from rapidgpt.models.pretrained import model_args
 
     if os.path.exists(os.path.join(save, LATEST)):
         raise HFConversionError(f"--save {save} already holds a RapidGPT checkpoint; give an empty "
@@ -56,7 +57,7 @@ def hf_to_checkpoint(hf_dir, save, ckpt_format="ckpt", divisible_by=128):
     elif not tokenizer:
         notes.append(f"note: no vocab.json + merges.txt in {hf_dir}: the checkpoint records no "
                      f"tokenizer (text generation will need --tokenizer-type/--vocab-file/--merge-file)")
-    args = gpt_args(dict(flags, make_vocab_size_divisible_by=divisible_by))
+    args = model_args(dict(flags, make_vocab_size_divisible_by=divisible_by))
     args.save, args.ckpt_format, args.no_save_optim, args.no_save_rng = save, ckpt_format, True, True
     if tokenizer:                         # save_checkpoint stores the files inside the checkpoint
         args.tokenizer_type = "GPT2BPETokenizer"

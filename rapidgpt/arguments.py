@@ -16,6 +16,7 @@ import os
 import sys
 
 from rapidgpt.data.gpt_dataset import parse_split
+from rapidgpt.config.bert import add_bert_args, check_bert_args
 from rapidgpt.config.precision import add_precision_args, check_precision_args
 from rapidgpt.config.recompute import add_recompute_args, check_recompute_args
 from rapidgpt.config.zero import add_zero_args, check_zero_args
@@ -282,7 +283,7 @@ def _engine_args(parser):
 def build_parser(extra_args_provider=None):
     parser = FlagParser(description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's "
                                     "and Rapidformer's names.")
-    for add in (_model_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
+    for add in (_model_args, add_bert_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
                 _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
                 add_zero_args, _launcher_args, _rapidformer_args, _reserved_args):
         add(parser)
@@ -335,7 +336,7 @@ def given_flags(parser, argv):
 
 def _resolve_pretrained_model(args, check):
     """Rapidformer's --pretrained-model-name-or-path: a local folder, used as --pretrained-checkpoint
-    (a Hugging Face GPT-2 folder is read as one, see rapidgpt/models/hf_gpt2.py)."""
+    (a Hugging Face GPT-2 or BERT folder is read as one, see rapidgpt/models/hf_gpt2.py, hf_bert.py)."""
     path = args.pretrained_model_name_or_path
     if path is None:
         return
@@ -350,12 +351,12 @@ def _resolve_pretrained_model(args, check):
 
 
 def checkpoint_model_flags(directory, flag="--load"):
-    """`(model flags, where)` recorded by the checkpoint or Hugging Face GPT-2 folder `directory`
+    """`(model flags, where)` recorded by the checkpoint or Hugging Face GPT-2 / BERT folder `directory`
     (given as `flag`)."""
     from rapidgpt.training.checkpoint_files import find_checkpoint, read_metadata
     if os.path.isfile(os.path.join(directory, "config.json")):
-        from rapidgpt.models.hf_gpt2 import hf_folder_model_flags
-        return hf_folder_model_flags(directory), os.path.join(directory, "config.json")
+        from rapidgpt.models.hf_files import converter_for
+        return converter_for(directory).hf_folder_model_flags(directory), os.path.join(directory, "config.json")
     path = find_checkpoint(directory, flag=flag)
     return read_metadata(path)["model"], path
 
@@ -403,6 +404,7 @@ def validate_args(args, world_size=1, check=None):
     for section in (_check_refused, _check_model, _check_launch, _check_layout, _check_schedule,
                     _check_data, _check_checkpointing, _check_task, _check_generation):
         section(args, check, world_size)
+    check_bert_args(args, check)
     check_precision_args(args, check)
     check_recompute_args(args, check)
     check_zero_args(args, check)
@@ -623,9 +625,6 @@ def _check_task(args, check, world_size):
         check.require(args.train_iters,
                       "--train-iters: --task pretraining needs the training length; give --train-iters "
                       "(or --train-samples)")
-        check.require(not (args.tokenizer_type or "").startswith("Bert"),
-                      f"--tokenizer-type: {args.tokenizer_type} is a BERT tokenizer, but --task pretraining "
-                      f"trains the built-in GPT, and this build has no BERT model; use GPT2BPETokenizer")
     if args.task == "text_generation":
         check.require(args.load, "--load: text generation needs the checkpoint to generate with; give --load DIR")
         check.require(args.prompt or args.prompts_file,

@@ -106,9 +106,10 @@ def test_every_problem_is_reported_at_once_in_one_line_each(capsys):
 @pytest.mark.parametrize("argv,messages", [
     (["--task", "pretraining", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json", "--merge-file",
       "m.txt"], ["--tokenizer-type: without --data-path, --task pretraining trains on the embedded demo corpus"]),
-    (["--task", "pretraining", "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", "v.json",
-      "--data-path", "corpus_text_document"],
-     ["--tokenizer-type: BertWordPieceLowerCase is a BERT tokenizer, but --task pretraining trains the built-in GPT"]),
+    (["--task", "pretraining", "--model-type", "bert", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
+      "v.json", "--merge-file", "m.txt", "--data-path", "corpus_text_sentence", "--mask-prob", "1.5"],
+     ["--tokenizer-type: BERT needs [CLS]/[SEP]/[MASK]/[PAD] from a WordPiece vocabulary",
+      "--mask-prob: must be in [0, 1), got 1.5"]),
     (["--task", "sequence_classification", "--data-path", "missing.jsonl", "--epochs", "1"],
      ["--data-path: 'missing.jsonl': no such file (nor missing.jsonl.bin/.idx); check the path",
       "--tokenizer-type: sequence classification reads text; give --pretrained-checkpoint"]),

@@ -21,7 +21,7 @@ from mindspore import Tensor
 import rapidgpt
 from rapidgpt.data.indexed_dataset import IndexedDatasetBuilder, data_file_path, index_file_path
 from rapidgpt.models.generation import generate
-from rapidgpt.models.hf_gpt2 import read_safetensors, write_safetensors
+from rapidgpt.models.hf_files import read_safetensors, write_safetensors
 from rapidgpt.tokenizer import GPT2BPETokenizer
 
 from numpy_gpt import numpy_gpt_logits

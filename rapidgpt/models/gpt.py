@@ -20,31 +20,28 @@ import re
 from collections import OrderedDict
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
-import numpy as np
+from mindspore import nn, ops
 
 from rapidgpt.models.transformer import LayerNorm, ParallelTransformerLayer, TransformerConfig, TransformerLayers
 from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy
-from rapidgpt.parallel.layers import ColumnParallelLinear, OneWeightLayer, VocabParallelEmbedding
+from rapidgpt.parallel.layers import ColumnParallelLinear, ReplicatedEmbedding, VocabParallelEmbedding
 from rapidgpt.parallel.mappings import CopyToTensorParallelRegion, GatherFromTensorParallelRegion
 from rapidgpt.parallel.pipeline import stage_layer_range
-from rapidgpt.parallel.random import Dropout, ParamInit, graph_arange
+from rapidgpt.parallel.random import Dropout, graph_arange
 from rapidgpt.parallel.state import (get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
                                      get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size)
 from rapidgpt.tokenizer import padded_vocab_size
 
 
-class PositionEmbedding(OneWeightLayer, nn.Cell):
-    """Learned absolute positions `[max_positions, h]`, replicated on every TP rank."""
-
-    def __init__(self, max_positions, hidden_size, init_std):
-        super().__init__()
-        self.weight = Parameter(Tensor(np.zeros((max_positions, hidden_size), np.float32)), name="weight")
-        self.param_inits = {"weight": ParamInit(init_std, (max_positions, hidden_size))}
-        self.fully_sharded = None          # ZeRO-3 (rapidgpt/parallel/fully_sharded.py)
-
-    def construct(self, position_ids):
-        return ops.gather(self.whole_weights()[0], position_ids, 0)
+def stage_word_embeddings(padded_vocab_size, vocab_size, hidden_size, init_std, pre_process, tied_to_output):
+    """The word embeddings `[padded / tp, h]` of a stage that holds them. Tied to the output layer
+    with pipeline stages, the first and the last stage each hold a copy: their gradients are summed
+    over the embedding group, and the last stage's copy is not counted again in the gradient norm."""
+    embeddings = VocabParallelEmbedding(padded_vocab_size, hidden_size, init_std, real_vocab_size=vocab_size)
+    if tied_to_output and get_pipeline_model_parallel_world_size() > 1:
+        embeddings.weight.pipeline_shared = True
+        embeddings.weight.pipeline_shared_copy = not pre_process
+    return embeddings
 
 
 class GPTModel(nn.Cell):
@@ -63,14 +60,10 @@ class GPTModel(nn.Cell):
         self.untied = untie_embeddings_and_output_weights
         self.input_tensor = None
         if self.pre_process or (self.post_process and not self.untied):
-            self.word_embeddings = VocabParallelEmbedding(padded_vocab_size, h, std, real_vocab_size=vocab_size)
-            if not self.untied and pp_size > 1:
-                # Held by the first and the last stage: gradients summed over the embedding group;
-                # the last stage's copy is not counted again in the gradient norm.
-                self.word_embeddings.weight.pipeline_shared = True
-                self.word_embeddings.weight.pipeline_shared_copy = not self.pre_process
+            self.word_embeddings = stage_word_embeddings(padded_vocab_size, vocab_size, h, std, self.pre_process,
+                                                         tied_to_output=not self.untied)
         if self.pre_process:
-            self.position_embeddings = PositionEmbedding(config.max_position_embeddings, h, std)
+            self.position_embeddings = ReplicatedEmbedding(config.max_position_embeddings, h, std)
             self.embedding_dropout = Dropout(config.hidden_dropout)
         layers = stage_layer_range(config.num_layers, pp_size, pp_rank)
         self.layers = TransformerLayers(OrderedDict((str(i), ParallelTransformerLayer(config)) for i in layers))
@@ -132,7 +125,7 @@ class LanguageModelHead(nn.Cell):
     """The output layer and the loss, without parameters of their own: the output weight
     `[padded / tp, h]` (the word embeddings, or the untied output layer's) is an input.
 
-    `(x [b, s, h] final hidden states, weight, labels [b, s]) -> per-token loss [b, s]` (fp32).
+    `(x [b, s, h] final hidden states, weight, labels [b, s], bias=None) -> per-token loss [b, s]` (fp32).
     At tensor-parallel size > 1 the logits stay split over the vocabulary: the loss never needs
     them whole. A cell of its own so that a pipeline stage can compile it as one graph: its
     tensor-parallel boundaries have custom backwards, which MindSpore 2.10 runs only inside a
@@ -151,30 +144,33 @@ class LanguageModelHead(nn.Cell):
             rows = padded_vocab_size // self.tp          # this rank's vocabulary rows
             self.cross_entropy = VocabParallelCrossEntropy(get_tensor_model_parallel_rank() * rows, rows, vocab_size)
 
-    def parallel_logits(self, x, weight):
+    def parallel_logits(self, x, weight, bias=None):
         """`[b, s, h]` -> `[b*s, padded / tp]` fp32: this rank's vocabulary slice (a 16-bit model's
-        product cast to fp32: the softmax and the loss are computed in fp32)."""
+        product cast to fp32: the softmax and the loss are computed in fp32). `bias`: this rank's
+        slice `[padded / tp]` of an output bias (BERT's), or None."""
         b, s, h = x.shape
         x = x.reshape(b * s, h)
         if self.tp > 1:
             x = self.copy_to_region(x)
         logits = self.logits_matmul(x, weight)
+        if bias is not None:
+            logits = logits + bias
         return logits if logits.dtype == ms.float32 else logits.astype(ms.float32)
 
-    def logits(self, x, weight):
+    def logits(self, x, weight, bias=None):
         """`[b, s, h]` -> `[b*s, vocab]` logits over the true vocabulary."""
-        logits = self.parallel_logits(x, weight)
+        logits = self.parallel_logits(x, weight, bias)
         if self.tp > 1:
             logits = self.gather_from_region(logits)                                # [b*s, padded]
         if self.padded_vocab_size > self.vocab_size:
             logits = logits[:, :self.vocab_size]
         return logits
 
-    def construct(self, x, weight, labels):
+    def construct(self, x, weight, labels, bias=None):
         if self.tp > 1:
-            losses = self.cross_entropy(self.parallel_logits(x, weight), labels.reshape(-1))
+            losses = self.cross_entropy(self.parallel_logits(x, weight, bias), labels.reshape(-1))
         else:
-            losses = ops.cross_entropy(self.logits(x, weight), labels.reshape(-1), reduction="none")
+            losses = ops.cross_entropy(self.logits(x, weight, bias), labels.reshape(-1), reduction="none")
         return losses.reshape(labels.shape)
 
 

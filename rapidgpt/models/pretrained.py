@@ -1,14 +1,18 @@
-"""`rapidgpt.load_pretrained(path)`: the built-in GPT with trained weights, in one call.
+"""`rapidgpt.load_pretrained(path)`: the built-in GPT or BERT with trained weights, in one call.
 
     import numpy as np, mindspore as ms, rapidgpt
     model = rapidgpt.load_pretrained("checkpoints/gpt2")        # or a Hugging Face GPT-2 folder
     logits = model(ms.Tensor(np.array([[464, 2068, 7586]], np.int32)))   # [b, s, vocab]
     losses = model(tokens[:, :-1], labels=tokens[:, 1:])                  # per-token CE [b, s-1]
 
+    bert = rapidgpt.load_pretrained("checkpoints/bert")         # or a Hugging Face BERT folder
+    lm_logits, binary_logits = bert(input_ids, attention_mask, tokentype_ids)   # [b, s, V], [b, 2]
+
 `path` is a RapidGPT checkpoint (a --save folder, whose latest complete checkpoint is taken, or an
-`iter_XXXXXXX` folder) or a Hugging Face GPT-2 folder (config.json + model.safetensors, converted
-in memory, see rapidgpt/models/hf_gpt2.py). The architecture comes from the checkpoint's
-metadata or config.json. No engine or command line is needed: the model is built in this process
+`iter_XXXXXXX` folder) or a Hugging Face GPT-2 / BERT folder (config.json + model.safetensors,
+converted in memory, see rapidgpt/models/hf_gpt2.py, hf_bert.py). The architecture comes from the
+checkpoint's metadata or config.json; a Hugging Face BERT gets the heads its file holds (BertModel:
+none, and the model returns its hidden states `[b, s, h]` and None). No engine or command line is needed: the model is built in this process
 (tensor/pipeline size 1) without touching an engine set up earlier (its flags, seeds and logger
 stay as they were), and returned in eval mode (dropout off). Logits cover the true vocabulary;
 padded rows never appear.
@@ -20,9 +24,9 @@ import mindspore as ms
 
 from rapidgpt.arguments import ArgumentError, apply_checkpoint_args, build_parser, validate_args
 from rapidgpt.engine import MINDSPORE_DEVICE, select_device
-from rapidgpt.models.gpt import build_gpt_model
-from rapidgpt.models.hf_gpt2 import (CONFIG, flags_from_hf_config, hf_to_rapidgpt, load_into_model,
-                                     read_hf_folder)
+from rapidgpt.models.bert import build_bert_model
+from rapidgpt.models.builtin import build_model
+from rapidgpt.models.hf_files import CONFIG, converter_for, load_into_model
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import get_parallel_state
 from rapidgpt.training.checkpoint_files import CheckpointError, find_checkpoint, read_metadata
@@ -34,7 +38,7 @@ def is_hf_folder(path):
     return os.path.isfile(os.path.join(path, CONFIG))
 
 
-def gpt_args(flags):
+def model_args(flags):
     """A validated flag namespace: the defaults, with the model flags `flags` set."""
     args = build_parser().parse_args([])
     for name, value in flags.items():
@@ -59,21 +63,26 @@ def _require_one_process(what):
 
 
 def load_pretrained(path):
-    """The GPTModel saved at `path` (RapidGPT checkpoint or Hugging Face GPT-2 folder), weights
+    """The GPTModel or BertModel saved at `path` (RapidGPT checkpoint or Hugging Face folder), weights
     loaded, in eval mode. Raises CheckpointError / HFConversionError naming what is wrong."""
     _require_one_process(path)
     _ensure_device()
     if not os.path.isdir(path):
         raise CheckpointError(f"load_pretrained: {path} is not a directory (give a RapidGPT --save "
-                              f"folder or a Hugging Face GPT-2 folder)")
+                              f"folder or a Hugging Face GPT-2/BERT folder)")
     if is_hf_folder(path):
-        config, tensors, notes = read_hf_folder(path)
-        flags = flags_from_hf_config(config, os.path.join(path, CONFIG))
-        params = hf_to_rapidgpt(tensors, flags, where=path)
+        hf = converter_for(path)
+        config, tensors, notes = hf.read_hf_folder(path)
+        flags = hf.flags_from_hf_config(config, os.path.join(path, CONFIG))
+        params = hf.hf_to_rapidgpt(tensors, flags, where=path)
         for note in notes:
             logging.getLogger("rapidgpt").warning(f"{path}: {note}")
-        args = gpt_args(flags)
-        model = build_gpt_model(args, flags["vocab_size"])
+        args = model_args(flags)
+        if args.model_type == "bert":        # the heads the folder has (BertModel: none)
+            args.bert_binary_head = "binary_head.weight" in params
+            model = build_bert_model(args, flags["vocab_size"], add_lm_head="lm_head.dense.weight" in params)
+        else:
+            model = build_model(args, flags["vocab_size"])
         initialize_parameters(model, args.seed)          # dropout streams; weights are replaced next
         load_into_model(model, params)
     else:
@@ -88,7 +97,7 @@ def load_pretrained(path):
         if stages != 1:                       # tensor-parallel pieces are merged while loading
             raise CheckpointError(f"{path} was saved with {stages} pipeline stages; load_pretrained reads "
                                   f"checkpoints without pipeline stages")
-        model = build_gpt_model(args, metadata["vocab_size"])
+        model = build_model(args, metadata["vocab_size"])
         initialize_parameters(model, args.seed)
         load_checkpoint(args, model)                     # weights only (no optimizer given)
     model.set_train(False)

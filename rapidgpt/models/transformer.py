@@ -49,6 +49,9 @@ class TransformerConfig:
         self.init_method_std = args.init_method_std
         self.layernorm_epsilon = args.layernorm_epsilon
         self.attention_softmax_in_fp32 = getattr(args, "attention_softmax_in_fp32", False)
+        # GPT's; BERT (rapidgpt/models/bert.py) sets bidirectional attention and the exact GELU.
+        self.causal = True
+        self.activation = "gelu_tanh"
 
     @property
     def output_init_std(self):
@@ -119,6 +122,7 @@ class ParallelAttention(nn.Cell):
                                        init_std=config.output_init_std)
         self.core_attention = CoreAttention(config, self.head_dim)
         n = config.max_position_embeddings
+        self.causal = config.causal
         self.causal_mask = Tensor(np.triu(np.ones((1, 1, n, n), bool), k=1))   # True = masked
 
     def zero3_slots(self):
@@ -132,11 +136,16 @@ class ParallelAttention(nn.Cell):
         return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
     def construct(self, x, attention_mask=None, weights=None):
-        """`weights`: (qkv weight, qkv bias, dense weight, dense bias), or None."""
+        """`weights`: (qkv weight, qkv bias, dense weight, dense bias), or None. `attention_mask`
+        (True = hidden) is added to the causal mask, or is the whole mask when not causal
+        (BERT's padding mask `[b, 1, 1, s]`: every query sees every real key)."""
         s = x.shape[1]
-        mask = self.causal_mask[:, :, :s, :s]
-        if attention_mask is not None:
-            mask = ops.logical_or(mask, attention_mask)
+        if not self.causal:
+            mask = attention_mask
+        elif attention_mask is None:
+            mask = self.causal_mask[:, :, :s, :s]
+        else:
+            mask = ops.logical_or(self.causal_mask[:, :, :s, :s], attention_mask)
         return self.dense(self.core_attention(*self.heads(x, _part(weights, 0, 2)), mask), _part(weights, 2, 4))
 
     def decode(self, x, past=None, weights=None):
@@ -157,6 +166,7 @@ class ParallelMLP(nn.Cell):
                                                   init_std=config.init_method_std)
         self.dense_4h_to_h = RowParallelLinear(config.ffn_hidden_size, config.hidden_size,
                                                init_std=config.output_init_std)
+        self.approximate = {"gelu_tanh": "tanh", "gelu": "none"}[config.activation]
 
     def zero3_slots(self):
         return self.dense_h_to_4h.zero3_slots() + self.dense_4h_to_h.zero3_slots()
@@ -164,27 +174,29 @@ class ParallelMLP(nn.Cell):
     def construct(self, x, weights=None):
         """`weights`: (h->4h weight, bias, 4h->h weight, bias), or None."""
         h = self.dense_h_to_4h(x, _part(weights, 0, 2))
-        return self.dense_4h_to_h(ops.gelu(h, approximate="tanh"), _part(weights, 2, 4))
+        return self.dense_4h_to_h(ops.gelu(h, approximate=self.approximate), _part(weights, 2, 4))
 
 
-class ParallelTransformerLayer(nn.Cell):
+class TransformerLayerBase(nn.Cell):
+    """What decoder and encoder layers share: two residual dropouts and, for ZeRO-3, the order in
+    which the layer's weights are gathered and handed down. A subclass builds its sub-layers, then
+    calls `_set_weight_ranges()`; `_weighted_sublayers()` lists them in the order `construct`
+    uses their weights."""
+
     def __init__(self, config):
         super().__init__()
-        eps = config.layernorm_epsilon
-        self.input_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
-        self.self_attention = ParallelAttention(config)
-        self.post_attention_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
-        self.mlp = ParallelMLP(config)
         # Two cells, so the two residual branches draw different masks.
         self.post_attention_dropout = Dropout(config.hidden_dropout)
         self.post_mlp_dropout = Dropout(config.hidden_dropout)
         self.fully_sharded = None
+
+    def _set_weight_ranges(self):
         # Where each sub-layer's weights sit in zero3_slots(), the order they are handed down in.
         ends = np.cumsum([len(cell.zero3_slots()) for cell in self._weighted_sublayers()]).tolist()
         self.weight_ranges = tuple(zip([0] + ends[:-1], ends))
 
     def _weighted_sublayers(self):
-        return self.input_layernorm, self.self_attention, self.post_attention_layernorm, self.mlp
+        raise NotImplementedError
 
     def zero3_slots(self):
         """Its parameters (12) in the order `construct` hands them down."""
@@ -194,9 +206,25 @@ class ParallelTransformerLayer(nn.Cell):
         """Each weighted sub-layer's weights (in _weighted_sublayers order): None each (they read
         their own Parameters), or under ZeRO-3 their share of the layer's, gathered here."""
         if self.fully_sharded is None:
-            return None, None, None, None
+            return (None,) * len(self.weight_ranges)
         w = self.fully_sharded()
         return tuple(w[start:end] for start, end in self.weight_ranges)
+
+
+class ParallelTransformerLayer(TransformerLayerBase):
+    """GPT's pre-LayerNorm decoder layer (see the module docstring)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        eps = config.layernorm_epsilon
+        self.input_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
+        self.self_attention = ParallelAttention(config)
+        self.post_attention_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
+        self.mlp = ParallelMLP(config)
+        self._set_weight_ranges()
+
+    def _weighted_sublayers(self):
+        return self.input_layernorm, self.self_attention, self.post_attention_layernorm, self.mlp
 
     def construct(self, x, attention_mask=None):
         ln1, attention, ln2, mlp = self.sublayer_weights()

@@ -165,6 +165,20 @@ class OneWeightLayer:
         return (self.weight,) if self.fully_sharded is None else self.fully_sharded()
 
 
+class ReplicatedEmbedding(OneWeightLayer, nn.Cell):
+    """A small table `[rows, h]` kept whole on every TP rank (learned positions, token types):
+    ids `[...]` -> `[..., h]`."""
+
+    def __init__(self, num_embeddings, embedding_dim, init_std=0.02):
+        super().__init__()
+        self.weight = _zeros((num_embeddings, embedding_dim), "weight", False)
+        self.param_inits = {"weight": ParamInit(init_std, (num_embeddings, embedding_dim))}
+        self.fully_sharded = None
+
+    def construct(self, ids):
+        return ops.gather(self.whole_weights()[0], ids, 0)
+
+
 class VocabParallelEmbedding(OneWeightLayer, nn.Cell):
     """Embedding table `[vocab, h]` split along the vocabulary over TP ranks: ids `[...]` -> `[..., h]`.
 

@@ -40,7 +40,8 @@ BEST = "best"                        # <save>/best/: the best evaluation's check
 # must match.
 ARCHITECTURE_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                      "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by",
-                     "untie_embeddings_and_output_weights", "layernorm_epsilon", "tokenizer_type")
+                     "untie_embeddings_and_output_weights", "layernorm_epsilon", "tokenizer_type",
+                     "model_type", "bert_binary_head")
 TOKENIZER_FILE_ARGS = ("vocab_file", "merge_file")
 MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length",) + TOKENIZER_FILE_ARGS
 _CHUNK = 1 << 22

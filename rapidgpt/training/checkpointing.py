@@ -272,15 +272,16 @@ class _RankCheckpoint:
 
 
 class _HuggingFaceWeights:
-    """A Hugging Face GPT-2 folder (Rapidformer's --pretrained-model-name-or-path) read like a
-    checkpoint: its tensors under RapidGPT's names (rapidgpt/models/hf_gpt2.py), each split for
-    this rank the way the model's own parameter is (`prefix`: where the GPT sits in the model)."""
+    """A Hugging Face GPT-2 or BERT folder (Rapidformer's --pretrained-model-name-or-path) read like a
+    checkpoint: its tensors under RapidGPT's names (rapidgpt/models/hf_gpt2.py, hf_bert.py), each split
+    for this rank the way the model's own parameter is (`prefix`: where the GPT/BERT sits in the model)."""
 
     def __init__(self, path, model, logger=None):
-        from rapidgpt.models.hf_gpt2 import CONFIG, flags_from_hf_config, hf_to_rapidgpt, read_hf_folder
-        config, tensors, notes = read_hf_folder(path)
-        self.tensors = hf_to_rapidgpt(tensors, flags_from_hf_config(config, os.path.join(path, CONFIG)),
-                                      where=path)
+        from rapidgpt.models.hf_files import CONFIG, converter_for
+        hf = converter_for(path)
+        config, tensors, notes = hf.read_hf_folder(path)
+        self.tensors = hf.hf_to_rapidgpt(tensors, hf.flags_from_hf_config(config, os.path.join(path, CONFIG)),
+                                         where=path)
         for note in notes if logger is not None else ():
             logger.warning(f"{path}: {note}")
         self.where, self.meta, self.prefix = path, {}, ""

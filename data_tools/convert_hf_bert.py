@@ -1,0 +1,158 @@
+#!/usr/bin/env python
+"""Convert Hugging Face BERT checkpoints to RapidGPT checkpoints and back (numpy only, no torch).
+
+    python data_tools/convert_hf_bert.py --hf-dir bert-base-cased/ --save checkpoints/bert
+    python data_tools/convert_hf_bert.py --to-hf --load checkpoints/bert --hf-dir bert_out/
+
+HF -> RapidGPT: reads config.json + model.safetensors (BertForPreTraining, BertForMaskedLM,
+BertForSequenceClassification or BertModel; fp16/bf16 weights become fp32) and writes `iter_0000000`
+in RapidGPT's checkpoint layout, weights only, with metadata recording the architecture
+(--model-type bert, --bert-no-binary-head when the file has no next-sentence head). The folder's
+vocab.txt is copied into the checkpoint and recorded as BertWordPieceLowerCase or BertWordPieceCase
+(tokenizer_config.json's do_lower_case), so `rapidgpt.load_pretrained(DIR)`,
+`--pretrained-checkpoint DIR` and `--load DIR` need no model or tokenizer flags. A file without the
+masked-LM head (BertModel, a classifier) is written with a freshly initialised one, and said so.
+
+RapidGPT -> HF: writes config.json (BertForPreTraining) + model.safetensors (the tied decoder weight
+saved once, as Hugging Face does) + vocab.txt and tokenizer_config.json; the folder loads with
+`BertForPreTraining.from_pretrained(DIR)`.
+
+Layouts and the exact mapping: rapidgpt/models/hf_bert.py.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rapidgpt.arguments import ArgumentError  # noqa: E402
+from rapidgpt.models.hf_bert import (TOKENIZER_CONFIG, VOCAB_TXT, flags_from_hf_config, hf_config_from_flags,  # noqa: E402
+                                     hf_to_rapidgpt, rapidgpt_to_hf, read_hf_folder, tokenizer_flags)
+from rapidgpt.models.hf_files import (CONFIG, SAFETENSORS, HFConversionError, load_into_model,  # noqa: E402
+                                      write_safetensors)
+from rapidgpt.training.checkpoint_files import LATEST, CheckpointError, find_checkpoint, read_metadata  # noqa: E402
+from rapidgpt.training.checkpointing import save_checkpoint  # noqa: E402
+
+PROG = "convert_hf_bert.py"
+_SAVED_FLAGS = ("hidden_dropout", "attention_dropout", "init_method_std", "num_layers", "hidden_size",
+                "num_attention_heads", "ffn_hidden_size", "max_position_embeddings", "layernorm_epsilon")
+
+
+def _vocab_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def hf_to_checkpoint(hf_dir, save, ckpt_format="ckpt", divisible_by=128):
+    """Write the HF BERT folder `hf_dir` as a RapidGPT checkpoint under `save`; returns
+    (its path, the model flags, notes for the user)."""
+    from rapidgpt.models.bert import build_bert_model
+    from rapidgpt.models.pretrained import model_args
+    from rapidgpt.parallel.random import initialize_parameters
+
+    if os.path.exists(os.path.join(save, LATEST)):
+        raise HFConversionError(f"--save {save} already holds a RapidGPT checkpoint; give an empty or new folder")
+    config, tensors, notes = read_hf_folder(hf_dir)
+    flags = flags_from_hf_config(config, os.path.join(hf_dir, CONFIG))
+    params = hf_to_rapidgpt(tensors, flags, where=hf_dir)
+    tokenizer = tokenizer_flags(hf_dir)
+    if tokenizer and _vocab_lines(tokenizer["vocab_file"]) != flags["vocab_size"]:
+        notes.append(f"note: {tokenizer['vocab_file']} has {_vocab_lines(tokenizer['vocab_file'])} tokens but "
+                     f"config.json says vocab_size {flags['vocab_size']}; the tokenizer is not recorded (give "
+                     f"--tokenizer-type/--vocab-file when you run)")
+        tokenizer = {}
+    elif not tokenizer:
+        notes.append(f"note: no {VOCAB_TXT} in {hf_dir}: the checkpoint records no tokenizer (give "
+                     f"--tokenizer-type/--vocab-file when you run)")
+    args = model_args(dict(flags, make_vocab_size_divisible_by=divisible_by, **tokenizer))
+    args.bert_binary_head = "binary_head.weight" in params
+    args.save, args.ckpt_format, args.no_save_optim, args.no_save_rng = save, ckpt_format, True, True
+    model = build_bert_model(args, flags["vocab_size"])
+    initialize_parameters(model, args.seed)
+    missing = sorted(name for name, _ in model.parameters_and_names() if name not in params)
+    if missing:
+        notes.append(f"note: {hf_dir} has no masked-LM head; {', '.join(missing)} start from the seeded "
+                     f"initialisation (--seed {args.seed})")
+    load_into_model(model, params, partial=True)
+    return save_checkpoint(args, 0, 0, model, None, None), dict(flags, bert_binary_head=args.bert_binary_head), notes
+
+
+def checkpoint_to_hf(load, hf_dir):
+    """Write the RapidGPT BERT checkpoint under `load` as a Hugging Face BERT folder `hf_dir`."""
+    from rapidgpt.models.pretrained import load_pretrained
+
+    if os.path.isfile(os.path.join(hf_dir, SAFETENSORS)):
+        raise HFConversionError(f"--hf-dir {hf_dir} already holds a {SAFETENSORS}; give an empty or new folder")
+    if not os.path.isdir(load):
+        raise HFConversionError(f"--load {load}: no such directory")
+    metadata = read_metadata(find_checkpoint(load))
+    if metadata["model"].get("model_type") != "bert":
+        raise HFConversionError(f"--load {load}: the checkpoint holds a {metadata['model'].get('model_type') or 'gpt'} "
+                                f"model; export GPT checkpoints with data_tools/convert_hf_gpt2.py")
+    model = load_pretrained(load)
+    saved = dict(metadata["model"], **(metadata.get("args") or {}))
+    flags = {name: saved[name] for name in _SAVED_FLAGS}
+    flags["vocab_size"] = model.vocab_size
+    params = {name: param.asnumpy() for name, param in model.parameters_and_names()}
+    os.makedirs(hf_dir, exist_ok=True)
+    with open(os.path.join(hf_dir, CONFIG), "w") as f:
+        json.dump(hf_config_from_flags(flags), f, indent=2, sort_keys=True)
+        f.write("\n")
+    write_safetensors(os.path.join(hf_dir, SAFETENSORS), rapidgpt_to_hf(params, flags), {"format": "pt"})
+    notes, vocab = [], metadata["model"].get("vocab_file")
+    if vocab and os.path.isfile(vocab):
+        shutil.copyfile(vocab, os.path.join(hf_dir, VOCAB_TXT))
+        with open(os.path.join(hf_dir, TOKENIZER_CONFIG), "w") as f:
+            lower = metadata["model"].get("tokenizer_type") == "BertWordPieceLowerCase"
+            json.dump({"do_lower_case": lower, "tokenizer_class": "BertTokenizer"}, f, indent=2)
+            f.write("\n")
+    else:
+        notes.append(f"note: the checkpoint records no vocab.txt that exists here; {hf_dir} gets none")
+    return flags, notes
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hf-dir", required=True, help="Hugging Face BERT folder: read (default) or written (--to-hf)")
+    parser.add_argument("--save", help="HF -> RapidGPT: checkpoint folder to write")
+    parser.add_argument("--to-hf", action="store_true", help="RapidGPT -> HF instead")
+    parser.add_argument("--load", help="--to-hf: RapidGPT checkpoint folder to read")
+    parser.add_argument("--ckpt-format", choices=["ckpt", "safetensors"], default="ckpt",
+                        help="HF -> RapidGPT: MindSpore weight file format")
+    parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                        help="HF -> RapidGPT: pad the vocabulary rows to a multiple of this")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.to_hf and not args.load:
+        parser.error("--to-hf needs --load DIR (the RapidGPT checkpoint to export)")
+    if not args.to_hf and not args.save:
+        parser.error("give --save DIR (HF -> RapidGPT) or --to-hf --load DIR (RapidGPT -> HF)")
+    if args.make_vocab_size_divisible_by < 1:
+        parser.error("--make-vocab-size-divisible-by must be >= 1")
+    try:
+        if args.to_hf:
+            flags, notes = checkpoint_to_hf(args.load, args.hf_dir)
+            done = f"wrote {args.hf_dir} ({CONFIG} + {SAFETENSORS})"
+        else:
+            path, flags, notes = hf_to_checkpoint(args.hf_dir, args.save, args.ckpt_format,
+                                                  args.make_vocab_size_divisible_by)
+            done = f"wrote {path}"
+    except (HFConversionError, CheckpointError, ArgumentError, OSError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    for note in notes:
+        print(note, file=sys.stderr)
+    print(f"{done}: BERT with {flags['num_layers']} layers, hidden {flags['hidden_size']}, "
+          f"{flags['num_attention_heads']} heads, vocabulary {flags['vocab_size']}, "
+          f"{flags['max_position_embeddings']} positions")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

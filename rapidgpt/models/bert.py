@@ -1,0 +1,225 @@
+"""BERT from RapidGPT's parallel layers: the original BERT (Hugging Face's BertForPreTraining computes
+the same function), called as Megatron's BertModel.
+
+    model(input_ids [b, s], attention_mask [b, s] (1 = token, 0 = padding), tokentype_ids [b, s] = None,
+          lm_labels [b, s] = None)
+      -> (lm_logits [b, s, vocab], binary_logits [b, 2] fp32)     without lm_labels
+      -> (lm_loss [b, s] fp32 per token, binary_logits)           with lm_labels
+    binary_logits is None without the binary head (Megatron's --bert-no-binary-head).
+
+    x = dropout(LN(word(ids) + position(0..s-1) + tokentype(types)))     embeddings   [b, s, h]
+    x = LN(x + dropout(attention(x)))    per layer: post-LayerNorm, as the original BERT (not
+    x = LN(x + dropout(mlp(x)))          Megatron's pre-LayerNorm BertModel); bidirectional attention
+                                         whose keys at padding positions are hidden; exact (erf) GELU
+    pooled = tanh(pooler(x[:, 0]))                                   [b, h]  ([CLS])
+    lm_logits = LN(gelu(dense(x))) @ word_embeddings^T + bias        [b, s, vocab] (output tied to the
+                                         word embeddings; the bias split over TP as their rows)
+    binary_logits = binary_head(pooled)                              [b, 2] (next sentence / order)
+
+Padding positions' keys are hidden from every query (Hugging Face's mask): real positions compute
+exactly as without the padding. Logits and the loss cover the true vocabulary (padded rows never
+appear), as in the GPT. Pipeline stages as the GPT's (rapidgpt/models/gpt.py): the first stage
+holds the embeddings, the last the heads and a copy of the word embeddings (tied); every stage
+takes the padding mask. ZeRO-3: every weighted cell here is a RapidGPT layer (a decoder-style
+layer, embeddings, LayerNorms, linears, the LM head's bias), so the model is sharded as the GPT is.
+Initialisation: normal(0, --init-method-std), output projections of each layer scaled by
+1/sqrt(2 * layers) as Megatron's, LayerNorms 1/0, biases 0; seeded by name, so the same for
+every layout.
+"""
+from collections import OrderedDict
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from rapidgpt.models.gpt import LanguageModelHead, stage_word_embeddings
+from rapidgpt.models.transformer import (LayerNorm, ParallelAttention, ParallelMLP, TransformerConfig,
+                                         TransformerLayerBase, TransformerLayers)
+from rapidgpt.parallel.layers import ReplicatedEmbedding, ReplicatedLinear, _zeros, divide
+from rapidgpt.parallel.pipeline import stage_layer_range
+from rapidgpt.parallel.random import Dropout, ParamInit, graph_arange
+from rapidgpt.parallel.state import (get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
+                                     get_tensor_model_parallel_world_size)
+from rapidgpt.tokenizer import padded_vocab_size
+
+NUM_TOKENTYPES = 2
+
+
+def bert_config(config):
+    """A TransformerConfig made BERT's: bidirectional attention, exact GELU."""
+    config.causal = False
+    config.activation = "gelu"
+    return config
+
+
+class BertLayer(TransformerLayerBase):
+    """One post-LayerNorm encoder layer: `(x [b, s, h], padding mask [b, 1, 1, s] True = hidden) -> [b, s, h]`."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        eps = config.layernorm_epsilon
+        self.self_attention = ParallelAttention(config)
+        self.post_attention_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
+        self.mlp = ParallelMLP(config)
+        self.post_mlp_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
+        self._set_weight_ranges()
+
+    def _weighted_sublayers(self):
+        return self.self_attention, self.post_attention_layernorm, self.mlp, self.post_mlp_layernorm
+
+    def construct(self, x, attention_mask=None):
+        attention, ln1, mlp, ln2 = self.sublayer_weights()
+        x = self.post_attention_layernorm(x + self.post_attention_dropout(self.self_attention(x, attention_mask, attention)), ln1)
+        return self.post_mlp_layernorm(x + self.post_mlp_dropout(self.mlp(x, mlp)), ln2)
+
+
+class VocabParallelBias(nn.Cell):
+    """An output bias over the vocabulary, `[padded / tp]` on each TP rank (the rows its word
+    embeddings hold); zero-initialised."""
+
+    def __init__(self, padded_vocab_size, vocab_size):
+        super().__init__()
+        rows = divide(padded_vocab_size, get_tensor_model_parallel_world_size(), "padded vocabulary")
+        self.bias = _zeros((rows,), "bias", True)
+        self.param_inits = {"bias": ParamInit(0.0, (padded_vocab_size,), 0, vocab_size)}
+        self.fully_sharded = None          # ZeRO-3 (rapidgpt/parallel/fully_sharded.py)
+
+    def zero3_slots(self):
+        return [(self, "bias")]
+
+    def whole_weights(self):
+        return (self.bias,) if self.fully_sharded is None else self.fully_sharded()
+
+
+class BertLMHead(nn.Cell):
+    """The masked-LM head: `(x [b, s, h], word embeddings [padded / tp, h]) -> [b, s, h]` transformed,
+    whose product with the embeddings (plus `output_bias`) gives the logits (LanguageModelHead)."""
+
+    def __init__(self, config, padded_vocab_size, vocab_size):
+        super().__init__()
+        self.dense = ReplicatedLinear(config.hidden_size, config.hidden_size, init_std=config.init_method_std)
+        self.layernorm = LayerNorm((config.hidden_size,), epsilon=config.layernorm_epsilon)
+        self.output_bias = VocabParallelBias(padded_vocab_size, vocab_size)
+
+    def construct(self, x):
+        return self.layernorm(ops.gelu(self.dense(x), approximate="none"))
+
+
+class BertModel(nn.Cell):
+    def __init__(self, config, vocab_size, padded_vocab_size, add_binary_head=True, add_lm_head=True,
+                 pre_process=None, post_process=None):
+        super().__init__()
+        if padded_vocab_size < vocab_size:
+            raise ValueError(f"padded vocabulary {padded_vocab_size} smaller than vocabulary {vocab_size}")
+        pp_size, pp_rank = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
+        self.pre_process = pp_rank == 0 if pre_process is None else pre_process
+        self.post_process = pp_rank == pp_size - 1 if post_process is None else post_process
+        self.config = bert_config(config)
+        self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
+        self.add_binary_head, self.add_lm_head = add_binary_head, add_lm_head
+        h, std = config.hidden_size, config.init_method_std
+        self.input_tensor = None
+        if self.pre_process or (self.post_process and add_lm_head):
+            self.word_embeddings = stage_word_embeddings(padded_vocab_size, vocab_size, h, std, self.pre_process,
+                                                         tied_to_output=add_lm_head)
+        if self.pre_process:
+            self.position_embeddings = ReplicatedEmbedding(config.max_position_embeddings, h, std)
+            self.tokentype_embeddings = ReplicatedEmbedding(NUM_TOKENTYPES, h, std)
+            self.embedding_layernorm = LayerNorm((h,), epsilon=config.layernorm_epsilon)
+            self.embedding_dropout = Dropout(config.hidden_dropout)
+        layers = stage_layer_range(config.num_layers, pp_size, pp_rank)
+        self.layers = TransformerLayers(OrderedDict((str(i), BertLayer(config)) for i in layers))
+        if self.post_process:
+            self.pooler = ReplicatedLinear(h, h, init_std=std)
+            if add_lm_head:
+                self.lm_head = BertLMHead(config, padded_vocab_size, vocab_size)
+                self.lm_output = LanguageModelHead(vocab_size, padded_vocab_size)
+            if add_binary_head:
+                self.binary_head = ReplicatedLinear(h, 2, init_std=std)
+
+    def set_input_tensor(self, input_tensor):
+        """Megatron's contract: the input `[b, s, h]` of this (not first) stage's next forward."""
+        self.input_tensor = input_tensor
+
+    def encode(self, input_ids, attention_mask, tokentype_ids=None):
+        """This stage's output `[b, s, h]` (the last layer's, post-LayerNorm)."""
+        b, s = attention_mask.shape
+        hidden = (attention_mask < 0.5).reshape(b, 1, 1, s)              # True = padding key
+        if self.pre_process:
+            x = self.word_embeddings(input_ids) + self.position_embeddings(graph_arange(0, s))
+            if tokentype_ids is not None:
+                x = x + self.tokentype_embeddings(tokentype_ids)
+            else:                                                         # all type 0
+                x = x + self.tokentype_embeddings.whole_weights()[0][0]
+            x = self.embedding_dropout(self.embedding_layernorm(x))
+        else:
+            x = self.input_tensor
+        return self.layers(x, hidden)
+
+    def pool(self, x):
+        """`[b, s, h]` -> `[b, h]`: tanh(pooler(x[:, 0])), the [CLS] position."""
+        return ops.tanh(self.pooler(x[:, 0]))
+
+    def construct(self, input_ids, attention_mask, tokentype_ids=None, lm_labels=None):
+        x = self.encode(input_ids, attention_mask, tokentype_ids)
+        if not self.post_process:
+            return x
+        binary_logits = self.binary_head(self.pool(x)).astype(ms.float32) if self.add_binary_head else None
+        if not self.add_lm_head:
+            return x, binary_logits
+        transformed = self.lm_head(x)
+        weight, bias = self.word_embeddings.whole_weights()[0], self.lm_head.output_bias.whole_weights()[0]
+        if lm_labels is None:
+            b, s, _ = x.shape
+            return self.lm_output.logits(transformed, weight, bias).reshape(b, s, self.vocab_size), binary_logits
+        return self.lm_output(transformed, weight, lm_labels, bias), binary_logits
+
+
+class BertSequenceClassifier(BertModel):
+    """Hugging Face's BertForSequenceClassification: the encoder and pooler of BertModel (no LM or
+    binary head) and a linear classifier on the pooled `[CLS]`:
+
+        model(input_ids [b, s], attention_mask [b, s], tokentype_ids [b, s]) -> logits [b, classes] fp32
+        logits = head(dropout(tanh(pooler(x[:, 0]))))
+
+    Parameter names are BertModel's (so a BERT pretraining checkpoint or a Hugging Face BERT folder
+    loads into them; their LM and binary heads go unused) plus `head.weight`, `head.bias`, which start
+    from the seeded initialisation unless the folder holds a classifier of the same size."""
+
+    def __init__(self, config, vocab_size, padded_vocab_size, num_classes):
+        super().__init__(config, vocab_size, padded_vocab_size, add_binary_head=False, add_lm_head=False,
+                         pre_process=True, post_process=True)
+        self.classifier_dropout = Dropout(config.hidden_dropout)
+        self.head = ReplicatedLinear(config.hidden_size, num_classes, init_std=config.init_method_std)
+
+    def construct(self, input_ids, attention_mask, tokentype_ids=None):
+        pooled = self.pool(self.encode(input_ids, attention_mask, tokentype_ids))
+        return self.head(self.classifier_dropout(pooled)).astype(ms.float32)
+
+
+def bert_loss_func(loss_mask, sentence_order, output_tensor):
+    """Megatron's pretrain_bert loss: the masked-LM loss (mean over the positions where `loss_mask`
+    is 1) plus, with the binary head, the sentence-order loss (mean cross-entropy of the `[b, 2]`
+    logits against `sentence_order` [b]). Returns `(loss, {"lm loss": ..., "sop loss": ...})`."""
+    lm_loss_, binary_logits = output_tensor
+    loss_mask = loss_mask.astype(ms.float32)
+    lm_loss = (lm_loss_.astype(ms.float32) * loss_mask).sum() / loss_mask.sum()
+    if binary_logits is None:
+        return lm_loss, {"lm loss": lm_loss}
+    sop_loss = ops.cross_entropy(binary_logits, sentence_order.reshape(-1).astype(ms.int32))
+    return lm_loss + sop_loss, {"lm loss": lm_loss, "sop loss": sop_loss}
+
+
+def _padded(args, vocab_size):
+    return padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by, get_tensor_model_parallel_world_size())
+
+
+def build_bert_model(args, vocab_size, pre_process=None, post_process=None, add_lm_head=True):
+    """The built-in BERT from the model flags (binary head unless --bert-no-binary-head)."""
+    return BertModel(TransformerConfig(args), vocab_size, _padded(args, vocab_size),
+                     add_binary_head=args.bert_binary_head, add_lm_head=add_lm_head,
+                     pre_process=pre_process, post_process=post_process)
+
+
+def build_bert_classifier(args, vocab_size):
+    """The built-in BERT from the model flags with a classifier of `args.num_classes` classes."""
+    return BertSequenceClassifier(TransformerConfig(args), vocab_size, _padded(args, vocab_size), args.num_classes)

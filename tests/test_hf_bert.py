@@ -1,0 +1,139 @@
+"""Hugging Face BERT import/export: masked-LM + next-sentence losses, logits and a classifier's logits
+equal to transformers', bit-exact round trips, clear errors.
+
+The fixtures tests/fixtures/hf_bert_tiny/ (BertForPreTraining) and hf_bert_tiny_cls/
+(BertForSequenceClassification, the same encoder) were written by transformers itself (see
+tests/fixtures/make_hf_bert_tiny.py, not run here): every tensor random, vocabulary 200 (padded to
+256 inside RapidGPT), the second row padded, with HF's outputs on fixed inputs.
+"""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+import rapidgpt
+from rapidgpt.models.bert import build_bert_classifier, bert_loss_func
+from rapidgpt.models.hf_files import read_safetensors
+from rapidgpt.models.pretrained import model_args
+from rapidgpt.models.hf_bert import hf_folder_model_flags
+from rapidgpt.parallel.random import initialize_parameters
+from rapidgpt.training.checkpointing import load_pretrained_weights
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "hf_bert_tiny"
+FIXTURE_CLS = ROOT / "tests" / "fixtures" / "hf_bert_tiny_cls"
+_spec = importlib.util.spec_from_file_location("convert_hf_bert", ROOT / "data_tools" / "convert_hf_bert.py")
+convert = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(convert)
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return dict(np.load(FIXTURE / "expected.npz"))
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    save = tmp_path_factory.mktemp("converted") / "ckpt"
+    assert convert.main(["--hf-dir", str(FIXTURE), "--save", str(save)]) == 0
+    return save
+
+
+def inputs(expected):
+    return [Tensor(expected[k].astype(np.int32)) for k in ("input_ids", "attention_mask", "token_type_ids")]
+
+
+@pytest.mark.parametrize("source", ["hf folder", "converted"])
+def test_logits_and_losses_equal_transformers(source, converted, expected):
+    model = rapidgpt.load_pretrained(str(FIXTURE if source == "hf folder" else converted))
+    assert not model.training and model.vocab_size == 200 and model.padded_vocab_size == 256
+    lm_logits, binary_logits = model(*inputs(expected))
+    assert lm_logits.shape == (2, 16, 200) and binary_logits.shape == (2, 2)
+    np.testing.assert_allclose(lm_logits.asnumpy(), expected["prediction_logits"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(binary_logits.asnumpy(), expected["seq_relationship_logits"], rtol=0, atol=1e-5)
+    labels = expected["labels"]              # -100 where not predicted (HF); Megatron's loss mask there
+    output = model(*inputs(expected), Tensor(np.maximum(labels, 0).astype(np.int32)))
+    loss, stats = bert_loss_func(Tensor((labels >= 0).astype(np.float32)),
+                                 Tensor(expected["next_sentence_label"].astype(np.int32)), output)
+    assert float(stats["lm loss"]) == pytest.approx(float(expected["mlm_loss"]), abs=1e-5)
+    assert float(stats["sop loss"]) == pytest.approx(float(expected["nsp_loss"]), abs=1e-5)
+    assert float(loss) == pytest.approx(float(expected["loss"]), abs=1e-5)
+
+
+def test_padding_changes_nothing_at_real_positions(expected):
+    """Keys at padding positions are hidden: the padded row's real tokens compute as without padding."""
+    model = rapidgpt.load_pretrained(str(FIXTURE))
+    ids, mask, types = inputs(expected)
+    full, _ = model(ids, mask, types)
+    short, _ = model(ids[1:, :12], mask[1:, :12], types[1:, :12])
+    np.testing.assert_allclose(full.asnumpy()[1, :12], short.asnumpy()[0], rtol=0, atol=1e-5)
+
+
+def test_sequence_classifier_equals_transformers():
+    """BertForSequenceClassification's folder loaded as --pretrained-checkpoint into the built-in
+    classifier (the encoder, pooler and classifier): transformers' logits."""
+    cls_expected = dict(np.load(FIXTURE_CLS / "expected.npz"))
+    args = model_args(dict(hf_folder_model_flags(str(FIXTURE_CLS)), num_classes=3))
+    model = build_bert_classifier(args, args.vocab_size)
+    initialize_parameters(model, args.seed)
+    report = load_pretrained_weights(str(FIXTURE_CLS), model)
+    assert report.initialised == [] and report.unused == []
+    model.set_train(False)
+    logits = model(*inputs(cls_expected)).asnumpy()
+    np.testing.assert_allclose(logits, cls_expected["logits"], rtol=0, atol=1e-5)
+    # A pretraining folder has no classifier: the head starts fresh, the LM and binary heads go unused.
+    fresh = build_bert_classifier(args, args.vocab_size)
+    report = load_pretrained_weights(str(FIXTURE), fresh)
+    assert report.initialised == ["head.bias", "head.weight"]
+    assert any(name.startswith("cls.predictions") or name.startswith("lm_head") for name in report.unused)
+
+
+def test_round_trip_is_bit_exact(tmp_path, converted):
+    out = tmp_path / "hf_out"
+    assert convert.main(["--to-hf", "--load", str(converted), "--hf-dir", str(out)]) == 0
+    original, _ = read_safetensors(str(FIXTURE / "model.safetensors"))
+    exported, _ = read_safetensors(str(out / "model.safetensors"))
+    assert sorted(exported) == sorted(original)
+    for name, value in original.items():
+        np.testing.assert_array_equal(exported[name], value, err_msg=name)
+    assert (out / "vocab.txt").read_text() == (FIXTURE / "vocab.txt").read_text()
+    assert '"do_lower_case": true' in (out / "tokenizer_config.json").read_text()
+    # and back again: the same checkpoint tensors
+    again = tmp_path / "again"
+    assert convert.main(["--hf-dir", str(out), "--save", str(again)]) == 0
+    a, b = rapidgpt.load_pretrained(str(converted)), rapidgpt.load_pretrained(str(again))
+    for (name, p), (_, q) in zip(a.parameters_and_names(), b.parameters_and_names()):
+        np.testing.assert_array_equal(p.asnumpy(), q.asnumpy(), err_msg=name)
+
+
+def test_checkpoint_records_bert_and_its_tokenizer(converted):
+    from rapidgpt.training.checkpoint_files import find_checkpoint, read_metadata
+    model = read_metadata(find_checkpoint(str(converted)))["model"]
+    assert model["model_type"] == "bert" and model["bert_binary_head"] is True
+    assert model["tokenizer_type"] == "BertWordPieceLowerCase" and model["vocab_file"].endswith("vocab.txt")
+
+
+def test_classifier_folder_converts_with_a_fresh_lm_head_and_says_so(tmp_path, capsys):
+    assert convert.main(["--hf-dir", str(FIXTURE_CLS), "--save", str(tmp_path / "c")]) == 0
+    err = capsys.readouterr().err
+    assert "has no masked-LM head; lm_head.dense.bias, lm_head.dense.weight" in err
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"hidden_act": "relu"}, "hidden_act='relu' is not supported"),
+    ({"model_type": "roberta"}, "model_type 'roberta' is not 'bert'"),
+    ({"type_vocab_size": 1}, "type_vocab_size=1 is not supported"),
+])
+def test_unsupported_configs_are_one_line_errors(tmp_path, capsys, edit, message):
+    import json
+    import shutil
+    folder = tmp_path / "hf"
+    shutil.copytree(FIXTURE, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(edit)
+    (folder / "config.json").write_text(json.dumps(config))
+    assert convert.main(["--hf-dir", str(folder), "--save", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("convert_hf_bert.py: error: ") and message in err and err.count("\n") == 1, err

@@ -21,6 +21,7 @@ setup(
         "regex",            # GPT-2's pre-tokenization pattern needs \p{L}/\p{N}
         "tqdm",
         "tensorboardX",
+        "nltk",             # Punkt, the sentence splitter of preprocess_data.py --split-sentences (as Megatron's)
         "psutil",           # the launcher finds msrun's workers and stops the job (also a MindSpore dependency)
     ],
     extras_require={

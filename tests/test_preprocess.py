@@ -70,6 +70,35 @@ def test_output_decodes_to_input_with_eod(bpe, jsonl, tmp_path):
     assert [tok.detokenize(s) for s in last] == ["First sentence.", "Second one.<|endoftext|>"]
 
 
+BERT_VOCAB = Path(__file__).resolve().parent / "fixtures" / "hf_bert_tiny" / "vocab.txt"
+SENTENCES = [["Dr. Smith went to Washington.", "He arrived at 5 p.m. on Monday.", "The economy grew!"],
+             ["One sentence only"],
+             ["Is it?", "Yes, e.g. in the sun it is.", "The dog sleeps."]]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_split_sentences_gives_one_sequence_per_sentence(tmp_path, workers):
+    """--split-sentences: Punkt learned from the corpus (no download) cuts each document into its
+    sentences, abbreviations (Dr., p.m., e.g.) included in them; written as _text_sentence."""
+    from rapidgpt.tokenizer import BertWordPieceTokenizer
+    src = tmp_path / "corpus.jsonl"
+    with open(src, "w") as f:
+        for _ in range(40):                  # enough text for Punkt to learn the abbreviations
+            for sentences in SENTENCES:
+                f.write(json.dumps({"text": " ".join(sentences)}) + "\n")
+    prefix = str(tmp_path / "bert")
+    assert preprocess_main(["--input", str(src), "--output-prefix", prefix, "--tokenizer-type",
+                            "BertWordPieceLowerCase", "--vocab-file", str(BERT_VOCAB), "--split-sentences",
+                            "--workers", workers, "--no-progress-bar"]) == 0
+    assert not os.path.exists(prefix + "_text_document.idx")
+    ds = IndexedDataset(prefix + "_text_sentence")
+    tok = BertWordPieceTokenizer(str(BERT_VOCAB), lower_case=True)
+    assert len(ds.document_indices) - 1 == 40 * len(SENTENCES)
+    for d, sentences in enumerate(SENTENCES * 2):
+        got = [ds[int(i)].tolist() for i in range(ds.document_indices[d], ds.document_indices[d + 1])]
+        assert got == [tok.tokenize(s) for s in sentences], d
+
+
 def test_plain_text_input(bpe, tmp_path):
     src = tmp_path / "lines.txt"
     src.write_text("hello world\nsecond line here\n", encoding="utf-8")
@@ -110,8 +139,8 @@ def test_flag_errors(bpe, tmp_path, capsys):
     assert run_preprocess(bpe, str(tmp_path / "missing.jsonl"), str(tmp_path / "x")) == 1
     assert "--input" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
-        run_preprocess(bpe, "x", "y", "--split-sentences")
-    assert e.value.code == 2 and "needs NLTK's punkt model" in capsys.readouterr().err
+        run_preprocess(bpe, "x", "y", "--split-sentences", "--punkt-train-bytes", "0")
+    assert e.value.code == 2 and "--punkt-train-bytes must be at least 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         run_preprocess(bpe, "x", "y", "--dataset-impl", "lazy")
     assert preprocess_main(["--input", __file__, "--output-prefix", str(tmp_path / "z"),

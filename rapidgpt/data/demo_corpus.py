@@ -12,10 +12,9 @@ import json
 import os
 import shutil
 import tempfile
-from argparse import Namespace
 
 from rapidgpt.data.indexed_dataset import IndexedDataset
-from rapidgpt.data.preprocess import output_prefix_for, preprocess
+from rapidgpt.data.preprocess import get_args, output_prefix_for, preprocess
 from rapidgpt.tokenizer import save_gpt2_format, train_byte_level_bpe
 
 DEMO_VOCAB_SIZE = 4096
@@ -62,11 +61,10 @@ def demo_corpus(vocab_size=DEMO_VOCAB_SIZE, cache_dir=None):
                 f.write(json.dumps({"text": text}) + "\n")
         vocab, merges = train_byte_level_bpe(documents, vocab_size)
         save_gpt2_format(vocab, merges, work)
-        preprocess(Namespace(input=paths["jsonl"], input_format="jsonl", json_keys=["text"],
-                             output_prefix=os.path.join(work, "demo"),
-                             tokenizer_type="GPT2BPETokenizer", vocab_file=paths["vocab_file"],
-                             merge_file=paths["merge_file"], append_eod=True, workers=1,
-                             log_interval=10 ** 9, no_progress_bar=True))
+        preprocess(get_args(["--input", paths["jsonl"], "--output-prefix", os.path.join(work, "demo"),
+                             "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", paths["vocab_file"],
+                             "--merge-file", paths["merge_file"], "--append-eod", "--log-interval", str(10 ** 9),
+                             "--no-progress-bar"]))
         try:
             os.rename(work, final)
         except OSError:

@@ -4,8 +4,16 @@
         --output-prefix corpus --tokenizer-type GPT2BPETokenizer \\
         --vocab-file vocab.json --merge-file merges.txt --append-eod --workers 2
 
-writes `corpus_text_document.bin/.idx`. The input is streamed line by line (a corpus larger than
-RAM is fine) and tokenized by a process pool that keeps input order, so the output is the same
+writes `corpus_text_document.bin/.idx`, each document one sequence. With --split-sentences
+(BERT's data) each document is cut into sentences, one sequence each, written as
+`corpus_text_sentence.bin/.idx` (Megatron's name): by NLTK's Punkt algorithm, its parameters
+learned from this corpus itself (its first --punkt-train-bytes; see `train_sentence_splitter`).
+Megatron instead loads NLTK's pretrained English Punkt model, which needs a download; learned from
+the corpus, Punkt finds its abbreviations and sentence starters the same unsupervised way, so the
+boundaries agree on ordinary prose and can differ around abbreviations the corpus rarely uses.
+A JSON value that is already a list of strings is taken as the document's sentences.
+
+The input is streamed line by line (a corpus larger than RAM is fine) and tokenized by a process pool that keeps input order, so the output is the same
 whatever `--workers` is. Files are written under temporary names and renamed only when the
 whole input succeeded: a bad line or a crash never leaves a half dataset under the final name.
 """
@@ -39,9 +47,15 @@ def get_args(argv=None):
     group.add_argument("--json-keys", nargs="+", default=["text"],
                        help="keys to extract from each JSON line; one dataset per key")
     group.add_argument("--split-sentences", action="store_true",
-                       help="not supported: Megatron splits with NLTK punkt, which needs a download")
+                       help="one sequence per sentence (BERT's data), written as {prefix}_{key}_sentence: "
+                            "NLTK's Punkt, trained on the first --punkt-train-bytes of this corpus (nothing "
+                            "is downloaded; Megatron's pretrained English model can split abbreviations "
+                            "differently)")
+    group.add_argument("--punkt-train-bytes", type=int, default=16 << 20,
+                       help="--split-sentences: bytes of the input Punkt learns from (default 16 MiB)")
     group.add_argument("--keep-newlines", action="store_true",
-                       help="accepted for compatibility; text is never stripped of newlines here")
+                       help="accepted for compatibility; text is never stripped of newlines here (a "
+                            "sentence keeps the newlines inside it)")
     group = parser.add_argument_group("tokenizer")
     group.add_argument("--tokenizer-type", required=True,
                        choices=["GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase"])
@@ -60,10 +74,8 @@ def get_args(argv=None):
                        help="print progress every this many documents")
     group.add_argument("--no-progress-bar", action="store_true")
     args = parser.parse_args(argv)
-    if args.split_sentences:
-        parser.error("--split-sentences needs NLTK's punkt model, which cannot be downloaded here; "
-                     "split sentences beforehand and give each document's sentences as a JSON list "
-                     "of strings (each becomes one sequence)")
+    if args.punkt_train_bytes < 1:
+        parser.error(f"--punkt-train-bytes must be at least 1, got {args.punkt_train_bytes}")
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.input_format == "text" and args.json_keys != ["text"]:
@@ -76,13 +88,19 @@ class Encoder:
 
     tokenizer = None
     dtype = None
+    splitter = None
 
-    def __init__(self, args):
+    def __init__(self, args, punkt_params=None):
         self.args = args
+        self.punkt_params = punkt_params          # --split-sentences: learned once, shared by the workers
 
     def initializer(self):
         Encoder.tokenizer = build_tokenizer(self.args)
         Encoder.dtype = best_fitting_dtype(Encoder.tokenizer.vocab_size)
+        Encoder.splitter = None
+        if self.punkt_params is not None:
+            from nltk.tokenize.punkt import PunktSentenceTokenizer
+            Encoder.splitter = PunktSentenceTokenizer(self.punkt_params)
 
     def encode_batch(self, numbered_lines):
         return [self.encode(item) for item in numbered_lines]
@@ -112,7 +130,12 @@ class Encoder:
                 return line_no, None, len(raw), (f"no key {key!r} (keys: {', '.join(map(str, record)) or 'none'}); "
                                                  f"set --json-keys")
             value = record[key]
-            sentences = value if isinstance(value, list) else [value]
+            if isinstance(value, list):
+                sentences = value
+            elif Encoder.splitter is not None and isinstance(value, str):
+                sentences = Encoder.splitter.tokenize(value)
+            else:
+                sentences = [value]
             if not all(isinstance(s, str) for s in sentences):
                 return line_no, None, len(raw), f"key {key!r} must be a string or a list of strings"
             ids, lengths = [], []
@@ -129,8 +152,45 @@ class Encoder:
         return line_no, docs, len(raw), None
 
 
-def output_prefix_for(output_prefix, key):
-    return f"{output_prefix}_{key}_document"
+def output_prefix_for(output_prefix, key, level="document"):
+    """Megatron's output name: `{prefix}_{key}_document`, or `_sentence` with --split-sentences."""
+    return f"{output_prefix}_{key}_{level}"
+
+
+def _record_texts(args, numbered_lines):
+    """The text of each input line's --json-keys (what Punkt learns from); bad lines are skipped
+    here and reported by the encoder."""
+    for _, raw in numbered_lines:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if args.input_format == "text":
+            yield line
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            yield from (record[key] for key in args.json_keys if isinstance(record.get(key), str))
+
+
+def train_sentence_splitter(args):
+    """NLTK Punkt parameters learned from the input's first --punkt-train-bytes (whole lines):
+    Punkt is unsupervised (Kiss & Strunk 2006): it finds the corpus's abbreviations, collocations
+    and frequent sentence starters from their statistics, so no pretrained model is needed.
+    Deterministic: the same input gives the same parameters."""
+    try:
+        from nltk.tokenize.punkt import PunktTrainer
+    except ImportError:
+        raise PreprocessError("--split-sentences needs NLTK (pip install nltk; it is a RapidGPT "
+                              "dependency, so reinstall RapidGPT)") from None
+    trainer, seen = PunktTrainer(), 0
+    for text in _record_texts(args, _numbered_lines(args.input)):
+        trainer.train(text, finalize=False)
+        seen += len(text)
+        if seen >= args.punkt_train_bytes:
+            break
+    trainer.finalize_training()
+    return trainer.get_params()
 
 
 def _numbered_lines(path):
@@ -155,11 +215,13 @@ def preprocess(args):
     """Tokenize `args.input` into one mmap dataset per JSON key; returns the output prefixes."""
     if not os.path.isfile(args.input):
         raise PreprocessError(f"--input {args.input}: no such file")
-    encoder = Encoder(args)
-    encoder.initializer()        # also validates the tokenizer flags before any worker starts
+    build_tokenizer(args)        # validates the tokenizer flags before anything else is done
+    encoder = Encoder(args, train_sentence_splitter(args) if args.split_sentences else None)
+    encoder.initializer()
     out_dir = os.path.dirname(os.path.abspath(args.output_prefix))
     os.makedirs(out_dir, exist_ok=True)
-    prefixes = {key: output_prefix_for(args.output_prefix, key) for key in args.json_keys}
+    level = "sentence" if args.split_sentences else "document"
+    prefixes = {key: output_prefix_for(args.output_prefix, key, level) for key in args.json_keys}
     tmp = f".tmp{os.getpid()}"
     builders = {key: IndexedDatasetBuilder(data_file_path(p) + tmp, Encoder.dtype) for key, p in prefixes.items()}
     pool = None

@@ -191,3 +191,167 @@ def ltor_masks(tokens, eod, reset_position_ids, reset_attention_mask, eod_mask_l
                 position_ids[i + 1:] -= i + 1 - prev
                 prev = i + 1
     return attention < 0.5, loss_mask, position_ids
+
+
+# ---- BERT samples: line-by-line ports of megatron/legacy/data/dataset_utils.py (get_a_and_b_segments,
+# truncate_segments, create_tokens_and_tokentypes, create_masked_lm_predictions with its defaults:
+# max_ngrams 3, whole-word masking, no permutation, no geometric distribution, "bert" masking;
+# pad_and_convert_to_numpy) and bert_dataset.py's build_training_sample, at NVIDIA/Megatron-LM commit
+# 00caa53af309 (2024), where np_rng is the sample's numpy RandomState.
+
+def bert_a_and_b_segments(sample, np_rng):
+    n_sentences = len(sample)
+    assert n_sentences > 1
+    a_end = 1
+    if n_sentences >= 3:
+        a_end = np_rng.randint(1, n_sentences)
+    tokens_a = []
+    for j in range(a_end):
+        tokens_a.extend(sample[j])
+    tokens_b = []
+    for j in range(a_end, n_sentences):
+        tokens_b.extend(sample[j])
+    is_next_random = False
+    if np_rng.random() < 0.5:
+        is_next_random = True
+        tokens_a, tokens_b = tokens_b, tokens_a
+    return tokens_a, tokens_b, is_next_random
+
+
+def bert_truncate_segments(tokens_a, tokens_b, len_a, len_b, max_num_tokens, np_rng):
+    assert len_a > 0
+    if len_a + len_b <= max_num_tokens:
+        return False
+    while len_a + len_b > max_num_tokens:
+        if len_a > len_b:
+            len_a -= 1
+            tokens = tokens_a
+        else:
+            len_b -= 1
+            tokens = tokens_b
+        if np_rng.random() < 0.5:
+            del tokens[0]
+        else:
+            tokens.pop()
+    return True
+
+
+def bert_tokens_and_tokentypes(tokens_a, tokens_b, cls_id, sep_id):
+    tokens = [cls_id] + list(tokens_a) + [sep_id]
+    tokentypes = [0] * (len(tokens_a) + 2)
+    for token in tokens_b:
+        tokens.append(token)
+        tokentypes.append(1)
+    if tokens_b:
+        tokens.append(sep_id)
+        tokentypes.append(1)
+    return tokens, tokentypes
+
+
+def bert_masked_lm_predictions(tokens, vocab_id_list, vocab_id_to_token_dict, masked_lm_prob, cls_id, sep_id,
+                               mask_id, max_predictions_per_seq, np_rng, max_ngrams=3):
+    cand_indexes = []
+    for i, token in enumerate(tokens):
+        if token == cls_id or token == sep_id:
+            continue
+        if len(cand_indexes) >= 1 and vocab_id_to_token_dict[token].startswith("##"):
+            cand_indexes[-1].append(i)
+        else:
+            cand_indexes.append([i])
+    output_tokens = list(tokens)
+    masked_lm_positions, masked_lm_labels = [], []
+    if masked_lm_prob == 0:
+        return output_tokens, masked_lm_positions, masked_lm_labels
+    num_to_predict = min(max_predictions_per_seq, max(1, int(round(len(tokens) * masked_lm_prob))))
+    ngrams = np.arange(1, max_ngrams + 1, dtype=np.int64)
+    pvals = 1.0 / np.arange(1, max_ngrams + 1)
+    pvals /= pvals.sum(keepdims=True)
+    ngram_indexes = []
+    for idx in range(len(cand_indexes)):
+        ngram_index = []
+        for n in ngrams:
+            ngram_index.append(cand_indexes[idx:idx + n])
+        ngram_indexes.append(ngram_index)
+    np_rng.shuffle(ngram_indexes)
+    masked_lms = []
+    covered_indexes = set()
+    for cand_index_set in ngram_indexes:
+        if len(masked_lms) >= num_to_predict:
+            break
+        if not cand_index_set:
+            continue
+        n = np_rng.choice(ngrams[:len(cand_index_set)],
+                          p=pvals[:len(cand_index_set)] / pvals[:len(cand_index_set)].sum(keepdims=True))
+        index_set = sum(cand_index_set[n - 1], [])
+        n -= 1
+        while len(masked_lms) + len(index_set) > num_to_predict:
+            if n == 0:
+                break
+            index_set = sum(cand_index_set[n - 1], [])
+            n -= 1
+        if len(masked_lms) + len(index_set) > num_to_predict:
+            continue
+        is_any_index_covered = False
+        for index in index_set:
+            if index in covered_indexes:
+                is_any_index_covered = True
+                break
+        if is_any_index_covered:
+            continue
+        for index in index_set:
+            covered_indexes.add(index)
+            if np_rng.random() < 0.8:
+                masked_token = mask_id
+            else:
+                if np_rng.random() < 0.5:
+                    masked_token = tokens[index]
+                else:
+                    masked_token = vocab_id_list[np_rng.randint(0, len(vocab_id_list))]
+            output_tokens[index] = masked_token
+            masked_lms.append((index, tokens[index]))
+    assert len(masked_lms) <= num_to_predict
+    np_rng.shuffle(ngram_indexes)
+    masked_lms = sorted(masked_lms, key=lambda x: x[0])
+    for index, label in masked_lms:
+        masked_lm_positions.append(index)
+        masked_lm_labels.append(label)
+    return output_tokens, masked_lm_positions, masked_lm_labels
+
+
+def bert_pad_and_convert_to_numpy(tokens, tokentypes, masked_positions, masked_labels, pad_id, max_seq_length):
+    num_tokens = len(tokens)
+    padding_length = max_seq_length - num_tokens
+    assert padding_length >= 0
+    filler = [pad_id] * padding_length
+    tokens_np = np.array(tokens + filler, dtype=np.int64)
+    tokentypes_np = np.array(tokentypes + filler, dtype=np.int64)
+    padding_mask_np = np.array([1] * num_tokens + [0] * padding_length, dtype=np.int64)
+    labels = [-1] * max_seq_length
+    loss_mask = [0] * max_seq_length
+    for i in range(len(masked_positions)):
+        labels[masked_positions[i]] = masked_labels[i]
+        loss_mask[masked_positions[i]] = 1
+    return tokens_np, tokentypes_np, np.array(labels, np.int64), padding_mask_np, np.array(loss_mask, np.int64)
+
+
+def bert_training_sample(sample, target_seq_length, max_seq_length, vocab_id_list, vocab_id_to_token_dict,
+                         cls_id, sep_id, mask_id, pad_id, masked_lm_prob, np_rng, binary_head):
+    if binary_head:
+        tokens_a, tokens_b, is_next_random = bert_a_and_b_segments(sample, np_rng)
+    else:
+        tokens_a = []
+        for j in range(len(sample)):
+            tokens_a.extend(sample[j])
+        tokens_b = []
+        is_next_random = False
+    max_num_tokens = target_seq_length
+    truncated = bert_truncate_segments(tokens_a, tokens_b, len(tokens_a), len(tokens_b), max_num_tokens, np_rng)
+    tokens, tokentypes = bert_tokens_and_tokentypes(tokens_a, tokens_b, cls_id, sep_id)
+    max_predictions_per_seq = masked_lm_prob * max_num_tokens
+    tokens, masked_positions, masked_labels = bert_masked_lm_predictions(
+        tokens, vocab_id_list, vocab_id_to_token_dict, masked_lm_prob, cls_id, sep_id, mask_id,
+        max_predictions_per_seq, np_rng)
+    tokens_np, tokentypes_np, labels_np, padding_mask_np, loss_mask_np = bert_pad_and_convert_to_numpy(
+        tokens, tokentypes, masked_positions, masked_labels, pad_id, max_seq_length)
+    return {"text": tokens_np, "types": tokentypes_np, "labels": labels_np, "is_random": int(is_next_random),
+            "loss_mask": loss_mask_np, "padding_mask": padding_mask_np, "truncated": int(truncated)}

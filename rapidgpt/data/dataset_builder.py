@@ -1,4 +1,7 @@
-"""From Megatron's data flags to the train/valid/test GPT datasets, sized as Megatron-core sizes them.
+"""From Megatron's data flags to the train/valid/test GPT or BERT datasets, sized as Megatron-core
+sizes them. The config says which: a GPTDatasetConfig gives GPT samples (rapidgpt/data/gpt_dataset.py,
+split by sequences), a BertDatasetConfig BERT samples of a sentence-level corpus
+(rapidgpt/data/bert_dataset.py, split by documents, as Megatron's BERT splits them).
 
 - `--data-path PREFIX`: the corpus is cut into train/valid/test document ranges by `--split`,
   split i being documents `[round(c_i * N), round(c_(i+1) * N))` of N, with `c` the cumulative
@@ -25,6 +28,7 @@ import os
 
 import numpy as np
 
+from rapidgpt.data.bert_dataset import BertDataset, BertDatasetConfig
 from rapidgpt.data.blended_dataset import BlendedDataset
 from rapidgpt.data.gpt_dataset import SPLIT_NAMES, GPTDataset, normalize, split_boundaries
 from rapidgpt.data.indexed_dataset import IndexedDataset
@@ -95,9 +99,23 @@ class _Builder:
                                      if is_mindrecord(prefix) else IndexedDataset(prefix))
         return self._corpora[prefix]
 
-    def gpt(self, prefix, split, documents, num_samples):
-        """GPT samples from `documents` (rows of a MindRecord file) of `prefix`."""
+    def is_bert(self):
+        return isinstance(self.config, BertDatasetConfig)
+
+    def split_units(self, prefix):
+        """What --split cuts: the documents of a BERT corpus, else the sequences (MindRecord rows)."""
         corpus = self.corpus(prefix)
+        return len(corpus.document_indices) - 1 if self.is_bert() else len(corpus)
+
+    def single(self, prefix, split, documents, num_samples):
+        """Samples from `documents` (sequences, BERT's documents, rows of a MindRecord file) of `prefix`."""
+        corpus = self.corpus(prefix)
+        if self.is_bert():
+            if isinstance(corpus, MindRecordCorpus):
+                raise ValueError(f"{prefix}: BERT reads a sentence-level .bin/.idx corpus (preprocess_data.py "
+                                 f"--split-sentences), not MindRecord rows")
+            return BertDataset(corpus, split, documents, num_samples, self.config,
+                               self.build_on_this_rank, self.barrier)
         if isinstance(corpus, MindRecordCorpus):
             return MindRecordGPTDataset(corpus, split, documents, num_samples, self.config)
         return GPTDataset(corpus, split, documents, num_samples, self.config,
@@ -109,7 +127,7 @@ class _Builder:
             raise ValueError(f"the {name} split blends weighted corpora, which needs a sample count "
                              f"(as in Megatron); give one or use a single corpus")
         size, part_sizes = blend_sizes(num_samples, weights)
-        parts = [self.gpt(p, name, d, n) for p, d, n in zip(prefixes, documents, part_sizes)]
+        parts = [self.single(p, name, d, n) for p, d, n in zip(prefixes, documents, part_sizes)]
         cache_dir = self.config.data_cache_path or os.path.join(
             os.path.dirname(os.path.abspath(prefixes[0])), "cache", "BlendedDataset_indices")
         return BlendedDataset(parts, weights, size, cache_dir, self.build_on_this_rank, self.barrier)
@@ -138,7 +156,7 @@ def build_train_valid_test_datasets(config, train_valid_test_num_samples, data_p
     datasets = [None, None, None]
     if data_path:
         prefixes, weights = parse_data_path(data_path)
-        bounds = {p: split_boundaries(split, len(builder.corpus(p))) for p in prefixes}
+        bounds = {p: split_boundaries(split, builder.split_units(p)) for p in prefixes}
         for i, name in enumerate(SPLIT_NAMES):
             n = train_valid_test_num_samples[i]
             if n == 0:
@@ -150,7 +168,7 @@ def build_train_valid_test_datasets(config, train_valid_test_num_samples, data_p
                 raise ValueError(f"--split {split!r} leaves the {name} split empty for some corpora "
                                  f"of --data-path but not others; use a split every corpus can fill")
             if weights is None:
-                datasets[i] = builder.gpt(prefixes[0], name, documents[0], n)
+                datasets[i] = builder.single(prefixes[0], name, documents[0], n)
             else:
                 datasets[i] = builder.weighted(name, prefixes, weights, documents, n)
         return datasets
@@ -159,9 +177,9 @@ def build_train_valid_test_datasets(config, train_valid_test_num_samples, data_p
         if not path or n == 0:
             continue
         prefixes, weights = parse_data_path(path, f"--{name}-data-path")
-        documents = [np.arange(len(builder.corpus(p)), dtype=np.int64) for p in prefixes]
+        documents = [np.arange(builder.split_units(p), dtype=np.int64) for p in prefixes]
         if len(prefixes) == 1:       # weighted or not, as Megatron: no blend around one corpus
-            datasets[i] = builder.gpt(prefixes[0], name, documents[0], n)
+            datasets[i] = builder.single(prefixes[0], name, documents[0], n)
         else:
             datasets[i] = builder.weighted(name, prefixes, weights, documents, n)
     return datasets

@@ -55,6 +55,19 @@ def set_seeds(seed):
     ms.set_seed(seed)
 
 
+def ensure_device(device):
+    """Select `device` for MindSpore unless a device is already selected (by an earlier engine,
+    rapidgpt.load_pretrained or the user): once a kernel has run MindSpore refuses to set it again.
+    Kernels run before any selection ran on MindSpore's default, the CPU: then the CPU is kept."""
+    from mindspore._c_expression import DeviceManagerConf
+    if not DeviceManagerConf.get_instance().is_device_enable():
+        try:
+            ms.set_device(MINDSPORE_DEVICE[device])
+        except RuntimeError:
+            if device != "cpu":
+                raise
+
+
 class RapidGPTEngine:
     def __init__(self, extra_args_provider=None, argv=None, args=None):
         global _THREADS_SET
@@ -65,7 +78,7 @@ class RapidGPTEngine:
         if problem:
             raise ArgumentError(problem)
         if not comm.initialized():          # the rapidgpt CLI sets it before joining msrun's job
-            ms.set_device(MINDSPORE_DEVICE[self.device])
+            ensure_device(self.device)
         ms.set_context(mode=ms.PYNATIVE_MODE)
         if self.device == "cpu" and not _THREADS_SET:
             # MindSpore's CPU kernels use this many threads (OMP_NUM_THREADS has no effect); by

@@ -335,7 +335,8 @@ def test_grad_accumulation_equals_one_large_batch():
         optimizer = SGD(model.trainable_params(), 0.5, momentum=0.0)
         step = TrainStep(_forward(model), OptimizerWrapper.around(optimizer), n)
         stacked = {k: Tensor(v.reshape((n, 4 // n) + v.shape[1:])) for k, v in batch.items()}
-        loss, norm, finite, _ = step(stacked, 0.5, 1)
+        result = step(stacked, 0.5, 1)
+        loss, norm, finite = result.loss, result.grad_norm, result.updated
         results.append((loss, norm, {p.name: p.asnumpy().copy() for p in model.trainable_params()}))
     (loss1, norm1, params1), (loss2, norm2, params2) = results
     assert finite and loss1 == pytest.approx(loss2, rel=1e-6) and norm1 == pytest.approx(norm2, rel=1e-5)
@@ -453,7 +454,7 @@ def test_non_finite_step_is_skipped_and_weights_untouched():
     batch["loss_mask"][0, 0] = np.nan                     # bad data: the loss and grads become NaN
     step = TrainStep(_forward(model), OptimizerWrapper.around(build_optimizer(args, model.trainable_params()), 1.0), 1)
     before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
-    loss, norm, finite, _ = step({k: Tensor(v[None]) for k, v in batch.items()}, 1e-3, 1)
+    loss, norm, finite = step({k: Tensor(v[None]) for k, v in batch.items()}, 1e-3, 1)[:3]
     assert not finite and math.isnan(loss) and math.isnan(norm)
     for p in model.trainable_params():
         np.testing.assert_array_equal(p.asnumpy(), before[p.name], err_msg=p.name)

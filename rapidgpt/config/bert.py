@@ -38,6 +38,14 @@ def check_bert_args(args, check):
     check.require(0.0 <= args.short_seq_prob <= 1.0,
                   f"--short-seq-prob: must be in [0, 1], got {args.short_seq_prob}")
     if args.model_type == "bert":
+        check.require(args.task != "pretraining" or args.data_path or args.train_data_path,
+                      "--data-path: BERT pretraining needs a sentence-level corpus (data_tools/preprocess_data.py "
+                      "--split-sentences makes one, e.g. corpus_text_sentence); the embedded demo corpus is "
+                      "the GPT's")
+        check.require(not (args.zero_3_memory_optimization or args.fsdp_memory_optimization),
+                      "--zero-3-memory-optimization: not with BERT in this build (its small head layers' "
+                      "parameter gathers ran in different orders on the data-parallel ranks, which the CPU "
+                      "collectives cannot match); use --zero-2-memory-optimization or --zero-1-memory-optimization")
         check.require(not args.untie_embeddings_and_output_weights,
                       "--untie-embeddings-and-output-weights: BERT's masked-LM output is tied to its word "
                       "embeddings; remove the flag")

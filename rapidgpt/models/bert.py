@@ -4,7 +4,8 @@ the same function), called as Megatron's BertModel.
     model(input_ids [b, s], attention_mask [b, s] (1 = token, 0 = padding), tokentype_ids [b, s] = None,
           lm_labels [b, s] = None)
       -> (lm_logits [b, s, vocab], binary_logits [b, 2] fp32)     without lm_labels
-      -> (lm_loss [b, s] fp32 per token, binary_logits)           with lm_labels
+      -> (lm_loss [b, s] fp32 per token, binary_logits)           with lm_labels (-1 = not
+                                                                  predicted, as Megatron's data)
     binary_logits is None without the binary head (Megatron's --bert-no-binary-head).
 
     x = dropout(LN(word(ids) + position(0..s-1) + tokentype(types)))     embeddings   [b, s, h]
@@ -171,7 +172,9 @@ class BertModel(nn.Cell):
         if lm_labels is None:
             b, s, _ = x.shape
             return self.lm_output.logits(transformed, weight, bias).reshape(b, s, self.vocab_size), binary_logits
-        return self.lm_output(transformed, weight, lm_labels, bias), binary_logits
+        # Megatron's BERT labels are -1 where nothing is predicted: any valid id will do there (the
+        # loss mask drops those positions).
+        return self.lm_output(transformed, weight, ops.maximum(lm_labels, 0), bias), binary_logits
 
 
 class BertSequenceClassifier(BertModel):

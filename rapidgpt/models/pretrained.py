@@ -20,10 +20,8 @@ padded rows never appear.
 import logging
 import os
 
-import mindspore as ms
-
 from rapidgpt.arguments import ArgumentError, apply_checkpoint_args, build_parser, validate_args
-from rapidgpt.engine import MINDSPORE_DEVICE, select_device
+from rapidgpt.engine import ensure_device, select_device
 from rapidgpt.models.bert import build_bert_model
 from rapidgpt.models.builtin import build_model
 from rapidgpt.models.hf_files import CONFIG, converter_for, load_into_model
@@ -46,14 +44,6 @@ def model_args(flags):
     return validate_args(args)
 
 
-def _ensure_device():
-    """Choose the device as RapidGPTEngine does, unless it (or the user) already chose one: MindSpore
-    fixes the device once a kernel has run, so an engine created later must find the same choice."""
-    from mindspore._c_expression import DeviceManagerConf
-    if not DeviceManagerConf.get_instance().is_device_enable():
-        ms.set_device(MINDSPORE_DEVICE[select_device(None)])
-
-
 def _require_one_process(what):
     state = get_parallel_state()
     if state.tensor_model_parallel_size != 1 or state.pipeline_model_parallel_size != 1:
@@ -66,7 +56,7 @@ def load_pretrained(path):
     """The GPTModel or BertModel saved at `path` (RapidGPT checkpoint or Hugging Face folder), weights
     loaded, in eval mode. Raises CheckpointError / HFConversionError naming what is wrong."""
     _require_one_process(path)
-    _ensure_device()
+    ensure_device(select_device(None))
     if not os.path.isdir(path):
         raise CheckpointError(f"load_pretrained: {path} is not a directory (give a RapidGPT --save "
                               f"folder or a Hugging Face GPT-2/BERT folder)")

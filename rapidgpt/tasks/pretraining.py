@@ -1,16 +1,22 @@
-"""`rapidgpt --task pretraining`: the built-in GPT on Megatron mmap data.
+"""`rapidgpt --task pretraining`: the built-in GPT or BERT on Megatron mmap data.
 
-With no data flags it trains on the embedded demo corpus (Python's own documentation, see
-rapidgpt/data/demo_corpus.py) and finishes by printing a continuation of a prompt.
+GPT: document-level data (`..._text_document`); with no data flags it trains on the embedded demo
+corpus (Python's own documentation, see rapidgpt/data/demo_corpus.py) and finishes by printing a
+continuation of a prompt. BERT (--model-type bert, the default with --tokenizer-type
+BertWordPiece*, as Rapidformer's BERT examples): sentence-level data (`..._text_sentence`, from
+preprocess_data.py --split-sentences), Megatron's pretrain_bert: masked-LM loss plus the
+sentence-order loss (unless --bert-no-binary-head), logged as "lm loss" and "sop loss".
 """
 from functools import partial
 
 from rapidgpt.arguments import parse_args
+from rapidgpt.data.bert_dataset import BertDatasetConfig
 from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
 from rapidgpt.data.demo_corpus import demo_corpus
 from rapidgpt.data.gpt_dataset import GPTDatasetConfig
 from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.global_vars import get_tokenizer
+from rapidgpt.models.bert import bert_loss_func, build_bert_model
 from rapidgpt.models.generation import generate
 from rapidgpt.models.gpt import build_gpt_model, lm_loss_func
 from rapidgpt.training.pretrainer import Pretrainer, next_batch
@@ -57,6 +63,31 @@ class GPTPretrainer(Pretrainer):
         return output, partial(lm_loss_func, batch["loss_mask"])
 
 
+def bert_dataset_config(args):
+    return BertDatasetConfig.from_tokenizer(
+        get_tokenizer(), seq_length=args.seq_length, seed=args.seed, mask_prob=args.mask_prob,
+        short_seq_prob=args.short_seq_prob, binary_head=args.bert_binary_head, data_cache_path=args.data_cache_path)
+
+
+class BertPretrainer(Pretrainer):
+    """The Megatron BERT example (pretrain_bert.py) as a Pretrainer."""
+
+    def train_valid_test_datasets_provider(self, train_val_test_num_samples):
+        args = self.args
+        return build_train_valid_test_datasets(
+            bert_dataset_config(args), train_val_test_num_samples, data_path=args.data_path,
+            split=args.split, train_data_path=args.train_data_path,
+            valid_data_path=args.valid_data_path, test_data_path=args.test_data_path)
+
+    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
+        return build_bert_model(self.args, vocab_size(self.args), pre_process, post_process), None, None
+
+    def run_forward_step(self, data_iterator, model):
+        batch = next_batch(data_iterator)
+        output = model(batch["text"], batch["padding_mask"], batch["types"], batch["labels"])
+        return output, partial(bert_loss_func, batch["loss_mask"], batch["is_random"])
+
+
 def use_demo_corpus(args):
     """No data flags: point the data and tokenizer flags at the embedded demo corpus."""
     paths = demo_corpus()
@@ -77,11 +108,14 @@ def before_launch(args):
 def main(argv=None, args=None):
     """Run the task on `argv` (default: the command line), or on the already parsed `args`."""
     args = args if args is not None else parse_args(argv=argv)
-    if not (args.data_path or args.train_data_path):
+    bert = args.model_type == "bert"
+    if not (args.data_path or args.train_data_path):       # (BERT: refused by check_bert_args)
         use_demo_corpus(args)
     engine = RapidGPTEngine(args=args)
-    trainer = GPTPretrainer(engine)
+    trainer = (BertPretrainer if bert else GPTPretrainer)(engine)
     model = trainer.train()
+    if bert:
+        return 0
     wants_sample = args.prompt is not None and get_tokenizer() is not None and args.max_new_tokens
     if wants_sample and args.pipeline_model_parallel_size > 1:
         trainer.logger.info(" no sample continuation: each pipeline stage holds part of the model "

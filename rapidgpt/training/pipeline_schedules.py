@@ -26,6 +26,7 @@ exchanges must interleave with the neighbours' in the schedule's order.
 import contextlib
 
 import mindspore as ms
+import numpy as np
 from mindspore import Tensor, ops
 from mindspore._c_expression import run_backward
 from mindspore.graph.api import _pynative_executor
@@ -38,9 +39,10 @@ from rapidgpt.parallel.state import (get_data_parallel_rank, get_data_parallel_w
                                      get_embedding_group, get_pipeline_model_parallel_group,
                                      get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
                                      get_pipeline_neighbour_groups)
-from rapidgpt.training.schedules import (DataParallelFinalize, accumulate, casts_to_fp32, loss_multiplier, loss_of,
-                                         micro_batch_dropout_key, select_micro_batch)
-from rapidgpt.training.step import StepResult
+from rapidgpt.training.schedules import (DataParallelFinalize, accumulate, add_stats, casts_to_fp32, loss_and_stats,
+                                         loss_multiplier, micro_batch_dropout_key, select_micro_batch, stacked_losses,
+                                         unstacked_losses)
+from rapidgpt.training.step import StepResult, floats
 
 
 # --timing-log-level 2: Megatron's compute timers, and the time in point-to-point exchanges
@@ -73,8 +75,9 @@ def _backward(output, output_grad, inputs):
 
 
 class StageForward:
-    """One micro-batch through this stage: the forward hook's output, or on the last stage its loss
-    in fp32. `input_tensor` (stages after the first) reaches the model through set_input_tensor."""
+    """One micro-batch through this stage: the forward hook's output, or on the last stage its
+    `(loss, stats)` in fp32. `input_tensor` (stages after the first) reaches the model through
+    set_input_tensor."""
 
     def __init__(self, forward, model, last):
         self.forward, self.model, self.last = forward, model, last
@@ -84,15 +87,48 @@ class StageForward:
             self.model.set_input_tensor(input_tensor)
         output = self.forward(micro_batch)
         if self.last:
-            return ops.cast(loss_of(output), ms.float32)
+            return loss_and_stats(output)
         return stage_output(output)
+
+
+class StatNames:
+    """The names of the loss function's statistics (Megatron's loss dict), which only the last
+    stage sees, told once to every stage so that all of them take part in summing the values over
+    the pipeline group: the names as UTF-8 bytes in a fixed-size vector, summed over the group
+    (every other stage adds zeros)."""
+
+    SIZE = 1024
+
+    def __init__(self, last):
+        self.last, self.names = last, None
+        self.sum = comm.AllReduce(get_pipeline_model_parallel_group())
+
+    def learn(self, stats):
+        """The names (`stats`: on the last stage its statistics' names or {name: value}, ignored
+        elsewhere), exchanged once: every stage calls this at the same point of a step."""
+        if self.names is None:
+            data = "\n".join(stats).encode("utf-8") if self.last else b""
+            if len(data) > self.SIZE:
+                raise ValueError(f"the loss function's statistics have names of {len(data)} bytes in all; "
+                                 f"keep them under {self.SIZE}")
+            vector = np.zeros(self.SIZE, np.float32)
+            vector[:len(data)] = np.frombuffer(data, np.uint8)
+            summed = self.sum(Tensor(vector)).asnumpy().astype(np.uint8).tobytes().rstrip(b"\0")
+            self.names = summed.decode("utf-8").split("\n") if summed else []
+        return self.names
+
+    def stacked(self, loss, stats):
+        """`[1 + k]` on every stage: the last stage's loss and statistics (zeros elsewhere)."""
+        if self.last:
+            return stacked_losses(loss, stats)
+        return ops.zeros((1 + len(self.names),), ms.float32)
 
 
 class ForwardBackwardPipelining:
     """Megatron's forward_backward_pipelining_without_interleaving for this rank's stage.
 
-    `schedule(stacked, iteration, loss_scale) -> (mean loss of the step, grads)` on every stage (the
-    last stage's loss), grads in `params` order, summed over the micro-batches (each micro-batch's
+    `schedule(stacked, iteration, loss_scale) -> (mean loss of the step, {name: mean statistic},
+    grads)` on every stage (the last stage's loss and statistics), grads in `params` order, summed over the micro-batches (each micro-batch's
     loss multiplied by loss_scale / (m * dp), as without pipelining), then over the data-parallel
     ranks and, for the tied word embeddings, over the embedding group (first + last stage); with a
     `gradient_layout` (ZeRO-2) the embedding group first, then reduce-scattered into its pieces.
@@ -112,6 +148,7 @@ class ForwardBackwardPipelining:
         self.shared = [i for i, p in enumerate(self.params) if getattr(p, "pipeline_shared", False)]
         self.embedding_sum = comm.AllReduce(get_embedding_group()) if self.shared else None
         self.pipeline_sum = comm.AllReduce(get_pipeline_model_parallel_group())
+        self.stat_names = StatNames(self.last)
         self.timers = get_timers()
 
     def __call__(self, stacked, iteration, loss_scale):
@@ -120,10 +157,10 @@ class ForwardBackwardPipelining:
         keys = [micro_batch_dropout_key(iteration, i, dp, self.dp_rank) for i in range(m)]
         batches = [select_micro_batch(stacked, i) for i in range(m)]
         inputs, outputs, output_grads, input_grads = {}, {}, {}, {}
-        grads, total = None, None
+        grads, total, stats, names = None, None, None, []
 
         def forward_step(i):
-            nonlocal total
+            nonlocal total, stats, names
             set_dropout_key(keys[i])
             with _recorded():
                 if self.first:
@@ -132,7 +169,10 @@ class ForwardBackwardPipelining:
                     inputs[i].requires_grad_()
                     output = self.run_forward(batches[i], inputs[i])
                 if self.last:
+                    output, micro_stats = output
                     total = output if total is None else total + output
+                    stats = add_stats(stats, tuple(ops.stop_gradient(v) for v in micro_stats.values()))
+                    names = list(micro_stats)
                     output = output * multiplier
             outputs[i] = output             # held (with what its backward needs) until its backward
 
@@ -173,7 +213,8 @@ class ForwardBackwardPipelining:
             if self.timers.measuring(2):    # count asynchronous work in the action that queued it
                 ms.runtime.synchronize()
             timer.stop()
-        loss = total / m if self.last else ops.zeros((), ms.float32)
+        names = self.stat_names.learn(names)
+        loss = self.stat_names.stacked(ops.stop_gradient(total) if self.last else None, stats) / m
         if self.finalize_dp.sharded:
             # ZeRO-2: the tied embeddings first, as the DP reduction leaves pieces cut by each
             # stage's own layout. (Megatron's order, DP then embedding group, leaves both copies
@@ -183,7 +224,8 @@ class ForwardBackwardPipelining:
         else:
             loss, grads = self.finalize_dp(loss, grads)
             grads = self._sum_embedding_grads(grads)
-        return self.pipeline_sum(loss), grads   # every stage: the last stage's loss
+        loss, stats = unstacked_losses(self.pipeline_sum(loss), names)   # every stage: the last stage's
+        return loss, stats, grads
 
     def _sum_embedding_grads(self, grads):
         """Megatron's finalize_model_grads: the tied embeddings' gradients summed over the
@@ -212,14 +254,15 @@ class PipelineTrainStep:
 
     def __call__(self, stacked, lr, iteration):
         scale = float(self.optimizer.loss_scale())
-        loss, grads = self.schedule(stacked, Tensor(iteration, ms.uint32), scale)
+        loss, stats, grads = self.schedule(stacked, Tensor(iteration, ms.uint32), scale)
         # mutable: a tuple argument is otherwise compiled as a constant, once per step.
         updated, norm, scale = self._update(ms.mutable(grads), Tensor(lr, ms.float32))
-        return StepResult(float(loss), float(norm), bool(updated), float(scale))
+        return StepResult(float(loss), float(norm), bool(updated), float(scale), floats(stats))
 
 
 class PipelineEvalStep:
-    """`step(micro_batch) -> loss` on every stage: forward only, the loss computed on the last stage."""
+    """`step(micro_batch) -> (loss, {name: statistic})` on every stage: forward only, the loss
+    computed on the last stage."""
 
     def __init__(self, forward, model, activation_shape, dtype):
         pp_size, stage = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
@@ -227,6 +270,7 @@ class PipelineEvalStep:
         self.run_forward = StageForward(forward, model, self.last)
         self.links = StageLinks(*get_pipeline_neighbour_groups(), activation_shape, dtype)
         self.pipeline_sum = comm.AllReduce(get_pipeline_model_parallel_group())
+        self.stat_names = StatNames(self.last)
         self.actions = forward_only(pp_size, stage, 1)
 
     def __call__(self, micro_batch):
@@ -238,4 +282,7 @@ class PipelineEvalStep:
                 output = self.run_forward(micro_batch) if self.first else self.run_forward(micro_batch, received)
             else:
                 self.links.send_forward(output)
-        return float(self.pipeline_sum(output if self.last else ops.zeros((), ms.float32)))
+        loss, stats = output if self.last else (None, {})
+        names = self.stat_names.learn(stats)
+        loss, stats = unstacked_losses(self.pipeline_sum(self.stat_names.stacked(loss, tuple(stats.values()))), names)
+        return float(loss), floats(stats)

@@ -16,6 +16,8 @@ read the micro-batch with `rapidgpt.next_batch(data_iterator)`, which returns th
 traced (a dict of tensors `[micro_batch, ...]`) and is `next()` on a real iterator otherwise.
 Code that cannot be compiled runs with `--no-jit` (PyNative, slower).
 """
+import numpy as np
+
 from rapidgpt.data.samplers import PretrainingSampler, micro_batches
 from rapidgpt.flag_parser import ArgumentError
 from rapidgpt.parallel.state import get_data_parallel_rank, get_data_parallel_world_size
@@ -49,10 +51,15 @@ class Pretrainer(Trainer):
         raise NotImplementedError
 
     def run_compute_metrics(self, model, eval_data_iterator):
-        """Default evaluation: mean forward loss over --eval-iters global batches ("lm loss")."""
+        """Default evaluation, Megatron's: the mean over --eval-iters global batches of each statistic
+        the loss function returns (BERT: "lm loss", "sop loss"), or of the loss ("lm loss")."""
         n = self.args.eval_iters * self.args.num_micro_batches
-        losses = self.gather([self._eval_step(to_tensors(next(eval_data_iterator))) for _ in range(n)])
-        return {"lm loss": float(losses.mean()) if len(losses) else 0.0}
+        results = [self._eval_step(to_tensors(next(eval_data_iterator))) for _ in range(n)]
+        names = list(results[0][1]) if results else []
+        columns = [[loss] + [stats[name] for name in names] for loss, stats in results]
+        values = self.gather(np.array(columns, np.float64).reshape(len(results), 1 + len(names)))
+        means = values.mean(axis=0) if len(values) else np.zeros(1 + len(names))
+        return {name: float(mean) for name, mean in zip(names, means[1:])} if names else {"lm loss": float(means[0])}
 
     def train_val_test_num_samples(self):
         """Samples each split must provide, as Megatron computes them."""

@@ -4,7 +4,8 @@ forward_backward_func). A schedule produces the step's loss and gradients; the o
 
 The micro-batches of a step arrive stacked, a dict (or tuple) of tensors `[num_micro, ...]`;
 `forward(micro_batch)` is the user's forward hook, returning a loss (or Megatron's
-`(output, loss_fn)`).
+`(output, loss_fn)`, whose loss_fn may return `(loss, {name: value})`: those statistics, e.g.
+BERT's "lm loss" and "sop loss", are averaged as the loss is and logged instead of it).
 """
 import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
@@ -15,14 +16,36 @@ from rapidgpt.parallel.random import micro_batch_key, set_dropout_key
 from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size
 
 
-def loss_of(output):
-    """A forward hook's result as a scalar loss: `loss`, `(output, loss_fn)` as Megatron's
-    forward_step returns, and a loss_fn returning `(loss, stats)` are all accepted."""
+def loss_and_stats(output):
+    """A forward hook's result as `(loss, stats)` in fp32: `loss`, `(output, loss_fn)` as Megatron's
+    forward_step returns, and a loss_fn returning `loss` or `(loss, {name: scalar})` (Megatron's
+    logged statistics; `stats` is empty without them) are all accepted."""
+    stats = {}
     if isinstance(output, tuple):
         output = output[1](output[0])
         if isinstance(output, tuple):
-            output = output[0]
-    return output
+            output, stats = output[0], output[-1]
+    return ops.cast(output, ms.float32), {name: ops.cast(value, ms.float32).reshape(()) for name, value in stats.items()}
+
+
+def add_stats(total, values):
+    """Statistics' values (tuples in the names' order) summed (`total` None: the first micro-batch's)."""
+    return values if total is None else tuple(a + b for a, b in zip(total, values))
+
+
+def stacked_losses(loss, values):
+    """`[1 + k]`: the loss and its k statistics' values in one vector, reduced over ranks together."""
+    return ops.stack((loss,) + tuple(values))
+
+
+def unstacked_losses(stacked, names):
+    """`stacked_losses`' inverse: (loss, {name: value}) for the statistics' `names` (any iterable
+    of them in order, e.g. the statistics' dict)."""
+    named, i = {}, 1
+    for name in names:
+        named[name] = stacked[i]
+        i += 1
+    return stacked[0], named
 
 
 def select_micro_batch(stacked, i):
@@ -74,8 +97,8 @@ def gradient_dtype(params, cast_to_fp32):
 
 
 class DataParallelFinalize(nn.Cell):
-    """Megatron's finalize_model_grads over the data-parallel ranks: `(loss, grads) -> (loss
-    averaged, grads summed)` (flat buckets, rapidgpt/parallel/data_parallel.py). With a
+    """Megatron's finalize_model_grads over the data-parallel ranks: `(losses, grads) -> (losses
+    averaged, grads summed)` (`losses`: the loss, or the loss and its statistics stacked) (flat buckets, rapidgpt/parallel/data_parallel.py). With a
     `gradient_layout` (a ShardPlan: the optimizer wrapper keeps gradient shards, ZeRO-2) the sum
     is reduce-scattered and `grads` come back as this rank's pieces of it; REDUCED_IN_BACKWARD
     (ZeRO-3) leaves the gradients as they are. `gradient_bytes`: the bytes of the gradients it
@@ -112,9 +135,11 @@ class ForwardBackwardNoPipelining(nn.Cell):
         grads  += d(loss_i * loss_multiplier) / d(params)
 
     accumulated as `accumulate` says; then `DataParallelFinalize`: gradients summed over the
-    data-parallel ranks (into `gradient_layout`'s pieces, when given), the loss averaged, for the log.
+    data-parallel ranks (into `gradient_layout`'s pieces, when given), the loss and the loss
+    function's statistics averaged, for the log.
 
-    `schedule(stacked, iteration, loss_scale) -> (mean loss, grads)`, grads in `params` order.
+    `schedule(stacked, iteration, loss_scale) -> (mean loss, {name: mean statistic}, grads)`, grads
+    in `params` order.
     """
 
     def __init__(self, forward, params, num_micro_batches, accumulate_in_fp32=True, gradient_layout=None):
@@ -126,22 +151,35 @@ class ForwardBackwardNoPipelining(nn.Cell):
         self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
         self.finalize = DataParallelFinalize(params, self.cast_to_fp32, gradient_layout)
 
-    def micro_batch_loss(self, micro_batch, dropout_key, loss_multiplier):
-        """(the loss the backward starts from, the hook's loss in fp32) of one micro-batch; the
-        dropout key is an explicit input, set before the forward runs."""
-        set_dropout_key(dropout_key)
-        loss = ops.cast(loss_of(self.forward(micro_batch)), ms.float32)
-        return loss * loss_multiplier, loss
+    def micro_batch_loss(self, micro_batch, loss_multiplier):
+        """(the loss the backward starts from, the hook's loss in fp32, its statistics' values, their
+        names) of one micro-batch. Values and names travel as tuples: MindSpore 2.10 returns a dict
+        given as value_and_grad's aux, when the gradient function is called more than once in a
+        graph, as constants of the first compilation (measured)."""
+        loss, stats = loss_and_stats(self.forward(micro_batch))
+        return loss * loss_multiplier, loss, tuple(stats.values()), tuple(stats.keys())
+
+    def micro_batch(self, stacked, i, iteration, multiplier):
+        """Micro-batch i's forward and backward. Its dropout key is set before, outside the
+        differentiated function: with the key's assign inside it, MindSpore 2.10 gave a
+        tensor-parallel copy whose input also feeds a residual branch (BERT's post-LayerNorm
+        layers) the residual's gradient too, doubling input gradients at TP=2 (measured)."""
+        set_dropout_key(micro_batch_dropout_key(iteration, i, self.dp_size, self.dp_rank))
+        return self.grad_fn(select_micro_batch(stacked, i), multiplier)
 
     def construct(self, stacked, iteration, loss_scale=None):
         n = self.num_micro_batches
         multiplier = loss_multiplier(loss_scale, n, self.dp_size)
-        total, grads = None, None
-        for i in range(n):          # unrolled: each micro-batch is its own subgraph
-            key = micro_batch_dropout_key(iteration, i, self.dp_size, self.dp_rank)
-            (_, loss), micro_grads = self.grad_fn(select_micro_batch(stacked, i), key, multiplier)
-            total = loss if total is None else total + loss
+        # Every output is used (ops.depend): a graph with a side effect (the dropout key) and an
+        # unused value makes MindSpore warn "Some side effect nodes were eliminated by mistake".
+        (scaled, total, stats, names), grads = self.micro_batch(stacked, 0, iteration, multiplier)
+        total = ops.depend(total, scaled)
+        grads = accumulate(None, grads, self.cast_to_fp32)
+        for i in range(1, n):          # unrolled: each micro-batch is its own subgraph
+            (scaled, loss, micro_stats, same_names), micro_grads = self.micro_batch(stacked, i, iteration, multiplier)
+            total = total + ops.depend(ops.depend(loss, scaled), same_names)
+            stats = add_stats(stats, micro_stats)
             grads = accumulate(grads, micro_grads, self.cast_to_fp32)
-        if n > 1:
-            total = total / n
-        return self.finalize(total, grads)
+        values, grads = self.finalize(stacked_losses(total, stats) / n, grads)
+        loss, stats = unstacked_losses(values, names)
+        return loss, stats, grads

@@ -1,6 +1,6 @@
 """One optimizer step as ONE compiled MindSpore graph: the schedule, then the optimizer wrapper.
 
-    loss, grads = schedule(micro-batches, iteration, loss scale)   rapidgpt/training/schedules.py
+    loss, stats, grads = schedule(micro-batches, iteration, loss scale)   rapidgpt/training/schedules.py
     updated, grad norm, loss scale = optimizer(grads, lr)          rapidgpt/optim/mixed_precision.py
 
 Everything runs inside a single `mindspore.jit` graph. Measured on CPU
@@ -18,7 +18,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from rapidgpt.training.hook_contract import diagnose_first_step
-from rapidgpt.training.schedules import ForwardBackwardNoPipelining, loss_of, select_micro_batch
+from rapidgpt.training.schedules import ForwardBackwardNoPipelining, loss_and_stats, select_micro_batch
 
 
 class StepResult(NamedTuple):
@@ -26,6 +26,11 @@ class StepResult(NamedTuple):
     grad_norm: float     # before clipping (non-finite when the step overflowed)
     updated: bool        # False: skipped (overflow / NaN), nothing changed but the loss scale
     loss_scale: float    # after this step's update (1.0 when the loss is not scaled)
+    stats: dict = {}     # the loss function's statistics ({name: mean}), e.g. BERT's lm/sop loss
+
+
+def floats(stats):
+    return {name: float(value) for name, value in stats.items()}
 
 
 class _StepCell(nn.Cell):
@@ -38,9 +43,9 @@ class _StepCell(nn.Cell):
 
     def construct(self, stacked, lr, iteration):
         loss_scale = self.optimizer.loss_scale() if self.optimizer.grad_scaler is not None else None
-        loss, grads = self.schedule(stacked, iteration, loss_scale)
+        loss, stats, grads = self.schedule(stacked, iteration, loss_scale)
         updated, norm, scale = self.optimizer(grads, lr)
-        return loss, norm, updated, scale
+        return loss, norm, updated, scale, stats
 
 
 class TrainStep:
@@ -64,9 +69,10 @@ class TrainStep:
         # mutable: a dict/tuple of tensors is otherwise a compile-time constant, and the step
         # would be compiled again for every batch.
         try:
-            loss, norm, updated, scale = self._step(ms.mutable(stacked), Tensor(lr, ms.float32),
-                                                    Tensor(iteration, ms.uint32))
-            result = StepResult(float(loss), float(norm), bool(updated), float(scale))  # a non-scalar "loss" fails here
+            loss, norm, updated, scale, stats = self._step(ms.mutable(stacked), Tensor(lr, ms.float32),
+                                                           Tensor(iteration, ms.uint32))
+            result = StepResult(float(loss), float(norm), bool(updated), float(scale),  # a non-scalar "loss" fails here
+                                floats(stats))
         except Exception as error:
             if self._ran:
                 raise
@@ -76,21 +82,24 @@ class TrainStep:
 
 
 class EvalStep:
-    """Callable `step(micro_batch) -> loss` (forward only, compiled unless jit=False)."""
+    """Callable `step(micro_batch) -> (loss, {name: statistic})` (forward only, compiled unless
+    jit=False)."""
 
     def __init__(self, forward, jit=True):
         def step(micro_batch):
-            return ops.stop_gradient(ops.cast(loss_of(forward(micro_batch)), ms.float32))
+            loss, stats = loss_and_stats(forward(micro_batch))
+            return ops.stop_gradient(loss), {name: ops.stop_gradient(value) for name, value in stats.items()}
 
         self._step = ms.jit(step) if jit else step
         self._forward, self._ran = forward, False
 
     def __call__(self, micro_batch):
         try:
-            loss = float(self._step(ms.mutable(micro_batch)))
+            loss, stats = self._step(ms.mutable(micro_batch))
+            result = float(loss), floats(stats)
         except Exception as error:
             if self._ran:
                 raise
             diagnose_first_step(self._forward, micro_batch, error)
         self._ran = True
-        return loss
+        return result

@@ -62,7 +62,8 @@ class Trainer:
     """Base of the templates: hooks are the methods marked with `@hook` in the subclasses."""
 
     # How the training log line names the loss and counts throughput (Megatron's pretraining
-    # line: "lm loss", tokens per second).
+    # line: "lm loss", tokens per second). A loss function that returns statistics (Megatron's
+    # `(loss, {name: value})`, e.g. BERT's "lm loss" and "sop loss") has those logged instead.
     loss_name = "lm loss"
     throughput_unit = "tokens"
 
@@ -218,7 +219,7 @@ class Trainer:
                     if result.updated:          # a skipped step does not advance the LR schedule
                         scheduler.step(gbs)
                     consumed += gbs
-                    reporter.iteration(iteration, consumed, {self.loss_name: result.loss}, scheduler.get_lr(),
+                    reporter.iteration(iteration, consumed, result.stats or {self.loss_name: result.loss}, scheduler.get_lr(),
                                        result, time.perf_counter() - start, units_per_iteration)
                     if evaluate is not None and eval_interval and iteration % eval_interval == 0:
                         self._evaluate_in_eval_mode(model, evaluate, iteration)

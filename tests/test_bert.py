@@ -1,0 +1,95 @@
+"""BERT end to end, as a user runs it: a corpus preprocessed with --split-sentences, black-box
+`rapidgpt --task pretraining --tokenizer-type BertWordPieceLowerCase ...` with Megatron's BERT log
+lines ("lm loss", "sop loss"), the checkpoint loaded by rapidgpt.load_pretrained; and the same run
+on TP=2 x PP=2 x DP=2 with ZeRO-2 (8 ranks: every parallel path in one run) printing the
+single-process run's values, and fp16 at TP=2 following the single-process fp16 run."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+import rapidgpt
+from rapidgpt.data.demo_corpus import demo_documents
+from test_parallel import FP16, env, msrun, single, skipped  # noqa: F401  (env: a fixture)
+
+REPO = Path(__file__).resolve().parent.parent
+VOCAB = REPO / "tests" / "fixtures" / "hf_bert_tiny" / "vocab.txt"
+BERT = ["--task", "pretraining", "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", str(VOCAB),
+        "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+        "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3", "--lr-warmup-iters", "2",
+        "--train-iters", "8", "--log-interval", "1", "--eval-interval", "4", "--eval-iters", "2",
+        "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--seed", "5", "--no-progress-bar",
+        "--make-vocab-size-divisible-by", "64"]
+LINE = re.compile(r" iteration\s+\d+/\s*\d+ \| consumed samples:\s+\d+ \| .*\| lm loss: [\d.E+-]+ \| "
+                  r"sop loss: [\d.E+-]+ \| loss scale: [\d.]+ \| grad norm: [\d.]+ \|")
+VALUES = re.compile(r"(lm loss|sop loss|lm loss value|sop loss value|grad norm): ([\d.E+-]+)")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, env):
+    """The demo documents preprocessed as a user would: preprocess_data.py --split-sentences."""
+    folder = tmp_path_factory.mktemp("bert_corpus")
+    with open(folder / "docs.jsonl", "w") as f:
+        for text in demo_documents():
+            f.write(json.dumps({"text": text}) + "\n")
+    subprocess.run([sys.executable, "data_tools/preprocess_data.py", "--input", str(folder / "docs.jsonl"),
+                    "--output-prefix", str(folder / "corpus"), "--tokenizer-type", "BertWordPieceLowerCase",
+                    "--vocab-file", str(VOCAB), "--split-sentences", "--workers", "2", "--no-progress-bar"],
+                   cwd=REPO, env=env, check=True, capture_output=True, text=True)
+    return str(folder / "corpus_text_sentence")
+
+
+@pytest.fixture(scope="module")
+def bert_runs(corpus, env, tmp_path_factory):
+    done = {}
+
+    def run(nproc, *flags):
+        if (nproc,) + flags not in done:
+            folder = tmp_path_factory.mktemp(f"bert_{nproc}")
+            args = BERT + ["--data-path", corpus, "--save", str(folder / "ckpt")] + list(flags)
+            status, log = single(args, env) if nproc == 1 else msrun(nproc, ["rapidgpt/cli.py"] + args,
+                                                                     folder / "logs", env, timeout=600)
+            assert status == 0, log[-3000:]
+            done[(nproc,) + flags] = [(n, float(v)) for n, v in VALUES.findall(log)], folder / "ckpt", log
+        return done[(nproc,) + flags]
+    return run
+
+
+def test_black_box_pretraining_logs_megatrons_bert_lines_and_loads(bert_runs):
+    found, ckpt, log = bert_runs(1)
+    lines = [line for line in log.splitlines() if line.startswith(" iteration")]
+    assert len(lines) == 8 and all(LINE.match(line) for line in lines), lines[:2]
+    assert log.count(" validation loss at ") == 3 and "sop loss value:" in log
+    lm = [v for name, v in found if name == "lm loss"]
+    assert lm[-1] < lm[0]
+    model = rapidgpt.load_pretrained(str(ckpt))
+    ids = np.array([[2, 20, 21, 3, 30, 31, 3, 0]], np.int32)
+    mask = (ids > 0).astype(np.int32)
+    types = np.array([[0, 0, 0, 0, 1, 1, 1, 0]], np.int32)
+    lm_logits, binary_logits = model(Tensor(ids), Tensor(mask), Tensor(types))
+    assert lm_logits.shape == (1, 8, 200) and binary_logits.shape == (1, 2)
+
+
+def test_tp2_pp2_dp2_zero2_prints_the_single_process_run(bert_runs):
+    reference, _, _ = bert_runs(1)
+    found, _, log = bert_runs(8, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                              "--zero-2-memory-optimization")
+    assert "data-parallel size 2" in log or "DP=2" in log, log[:3000]
+    assert [name for name, _ in found] == [name for name, _ in reference]
+    for (name, ours), (_, expected) in zip(found, reference):
+        printed = 1.5e-3 if name == "grad norm" else 0.0
+        assert ours == pytest.approx(expected, rel=1e-5, abs=printed), (name, ours, expected)
+
+
+def test_fp16_at_tp2_follows_the_single_process_fp16_run(bert_runs):
+    reference, _, single_log = bert_runs(1, *FP16)
+    found, _, log = bert_runs(2, "--tensor-model-parallel-size", "2", *FP16)
+    assert skipped(log) == skipped(single_log)
+    assert [name for name, _ in found] == [name for name, _ in reference]
+    for (name, ours), (_, expected) in zip(found, reference):
+        assert ours == pytest.approx(expected, rel=5e-3, abs=5e-3), (name, ours, expected)

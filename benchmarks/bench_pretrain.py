@@ -31,7 +31,11 @@ of iteration 1. On a shared machine other processes skew the numbers (±10% betw
 normal here): every run says when others took CPU meanwhile, and --wait-quiet makes the driver
 wait for an idle machine before each side.
 
-    python benchmarks/bench_pretrain.py [--iters 20] [--warmup 3] [--repeats 3] [--threads 2]
+`--model bert` makes the same comparison for BERT: RapidGPT's BertPretrainer (what `rapidgpt --task
+pretraining --tokenizer-type BertWordPieceLowerCase` runs) beside a plain-MindSpore BERT, the
+same sizes, on synthetic masked-LM batches (benchmarks/bert_sides.py).
+
+    python benchmarks/bench_pretrain.py [--model gpt|bert] [--iters 20] [--warmup 3] [--repeats 3] [--threads 2]
                                         [--clip-grad 1.0] [--wait-quiet 300]
                                         [--variants fp32,fp16,bf16,recompute-full,recompute-selective]
 """
@@ -50,6 +54,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bert_sides import run_baseline_bert, run_rapidgpt_bert  # noqa: E402
 
 # The model and optimizer settings shared by both sides (RapidGPT's defaults where they exist).
 MODEL = dict(num_layers=4, hidden_size=256, num_heads=4, seq_length=128, micro_batch_size=8,
@@ -129,7 +136,8 @@ class _IterationClock(logging.Handler):
 
 
 def run_rapidgpt(opts, model=MODEL, extra_flags=()):
-    """RapidGPT's engine on `model` (MODEL's keys) with `extra_flags` (e.g. --fp16)."""
+    """RapidGPT's engine on `model` (MODEL's keys) with `extra_flags` (e.g. --fp16); --model bert:
+    its BertPretrainer (benchmarks/bert_sides.py)."""
     from rapidgpt.arguments import parse_args
     from rapidgpt.engine import RapidGPTEngine
     from rapidgpt.global_vars import get_logger
@@ -148,27 +156,30 @@ def run_rapidgpt(opts, model=MODEL, extra_flags=()):
             "--adam-beta1", o["beta1"], "--adam-beta2", o["beta2"], "--adam-eps", o["eps"],
             "--train-iters", total, "--log-interval", 1, "--eval-iters", 0, "--no-progress-bar",
             "--cpu-threads", opts.threads, "--device", "cpu", "--seed", 1234, *extra_flags]
-    args = parse_args(argv=[str(a) for a in argv])
-    engine = RapidGPTEngine(args=args)
-
-    class SyntheticGPTPretrainer(GPTPretrainer):
-        def train_valid_test_datasets_provider(self, train_val_test_num_samples):
-            train = SyntheticGPTDataset(train_val_test_num_samples[0], args.seq_length, args.vocab_size)
-            return train, None, None
-
-    logger = get_logger()
     clock = _IterationClock()
-    if not opts.show_log:
-        logger.handlers.clear()   # keep the console for the benchmark's own lines
-    logger.addHandler(clock)
-    trainer = SyntheticGPTPretrainer(engine)
-    start = time.perf_counter()
-    trainer.train()
+    if opts.model == "bert":
+        start = run_rapidgpt_bert(opts, m, o, argv, clock, summarize, opts.show_log)
+    else:
+        args = parse_args(argv=[str(a) for a in argv])
+        engine = RapidGPTEngine(args=args)
+
+        class SyntheticGPTPretrainer(GPTPretrainer):
+            def train_valid_test_datasets_provider(self, train_val_test_num_samples):
+                train = SyntheticGPTDataset(train_val_test_num_samples[0], args.seq_length, args.vocab_size)
+                return train, None, None
+
+        logger = get_logger()
+        if not opts.show_log:
+            logger.handlers.clear()   # keep the console for the benchmark's own lines
+        logger.addHandler(clock)
+        trainer = SyntheticGPTPretrainer(engine)
+        start = time.perf_counter()
+        trainer.train()
     records = clock.records
     assert [r[1] for r in records] == list(range(1, total + 1)), records
     reported = [r[2] / 1000.0 for r in records[opts.warmup:]]
     return summarize("rapidgpt", [r[0] for r in records], [r[3] for r in records], start,
-                     records[0][2] / 1000.0, args.global_batch_size * args.seq_length, opts.warmup,
+                     records[0][2] / 1000.0, m["micro_batch_size"] * m["seq_length"], opts.warmup,
                      opts.iters, {"engine_reported_s_per_iter": sum(reported) / len(reported)})
 
 
@@ -176,6 +187,8 @@ def run_rapidgpt(opts, model=MODEL, extra_flags=()):
 # Side 2: the plain MindSpore baseline
 
 def run_baseline(opts):
+    if opts.model == "bert":
+        return run_baseline_bert(opts, MODEL, OPTIM, summarize)
     import mindspore as ms
     from mindspore import Tensor, nn, ops
     from mindspore.common.initializer import Normal
@@ -311,7 +324,7 @@ def run_side(side, opts, variant="fp32"):
     busy_before, wall_before = busy_seconds(), time.perf_counter()
     cmd = [sys.executable, os.path.abspath(__file__), "--only", side, "--iters", str(opts.iters),
            "--warmup", str(opts.warmup), "--threads", str(opts.threads), "--lr", str(opts.lr),
-           "--clip-grad", str(opts.clip_grad), "--variant", variant]
+           "--clip-grad", str(opts.clip_grad), "--variant", variant, "--model", opts.model]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     child_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter() - wall_before
@@ -362,6 +375,9 @@ def main():
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"RapidGPT variants to run beside fp32, comma-separated from {', '.join(VARIANTS)}")
     parser.add_argument("--variant", choices=list(VARIANTS), default="fp32", help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=["gpt", "bert"], default="gpt",
+                        help="gpt, or bert: RapidGPT's BERT pretraining beside a plain-MindSpore BERT "
+                             "(benchmarks/bert_sides.py; the same sizes, synthetic masked-LM batches)")
     opts = parser.parse_args()
     variants = [v for v in opts.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -377,7 +393,7 @@ def main():
         return
 
     m = MODEL
-    print(f"model: {m['num_layers']} layers, hidden {m['hidden_size']}, {m['num_heads']} heads, seq "
+    print(f"model: {opts.model.upper()}, {m['num_layers']} layers, hidden {m['hidden_size']}, {m['num_heads']} heads, seq "
           f"{m['seq_length']}, micro batch {m['micro_batch_size']}, vocab {m['vocab_size']}, fp32, "
           f"dropout {m['dropout']}, AdamW lr {opts.lr}; rapidgpt --clip-grad {opts.clip_grad}; "
           f"{opts.threads} CPU threads; {opts.warmup} warm-up + {opts.iters} measured iterations, "
@@ -402,6 +418,8 @@ def main():
     print(f"rapidgpt: {ours['tokens_per_s']:.1f} tokens/s (first step {ours['first_step_s']:.2f} s, "
           f"to first step {ours['to_first_step_s']:.2f} s; "
           f"loss {ours['first_loss']:.3f} -> {ours['final_loss']:.3f})")
+    if opts.model == "bert":
+        print("(losses: rapidgpt's is the logged lm loss, the baseline's lm + sop loss)")
     print(f"baseline (GRAPH_MODE TrainOneStepCell): {base['tokens_per_s']:.1f} tokens/s (first step "
           f"{base['first_step_s']:.2f} s, to first step {base['to_first_step_s']:.2f} s; "
           f"loss {base['first_loss']:.3f} -> {base['final_loss']:.3f})")

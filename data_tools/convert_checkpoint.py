@@ -10,7 +10,7 @@ tensor's `mp_rank_XX` pieces into the full tensor, refits the vocabulary padding
 optimizer state alike) as iteration N of --save, atomically, with metadata, scheduler, RNG state
 and consumed samples unchanged: a run at the new size resumes from it exactly as from the
 original. Pipeline stages (`mp_rank_XX_YYY`) are merged by name; to split a checkpoint into
-stages, tensors are placed by the built-in GPT's stage rule (rapidgpt.models.gpt.gpt_stages_of:
+stages, tensors are placed by the built-in models' stage rule (rapidgpt.models.builtin.stages_of:
 a layer on the stage of its global index, embeddings first, final LayerNorm and output layer last,
 the tied word embeddings on both ends). `rapidgpt --load` also reshards on the fly; converting once
 saves every rank reading every piece at each start.
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mindspore as ms  # noqa: E402
 
-from rapidgpt.models.gpt import gpt_stages_of  # noqa: E402
+from rapidgpt.models.builtin import stages_of  # noqa: E402
 from rapidgpt.parallel.resharding import split_for_rank  # noqa: E402
 from rapidgpt.tokenizer import padded_vocab_size  # noqa: E402
 from rapidgpt.training.checkpoint_files import (METADATA, STATE, WEIGHTS, CheckpointError,  # noqa: E402
@@ -113,7 +113,7 @@ def _write_pieces(source, tmp, full, state, padded, target_tp, target_pp, model)
     tied = not model.get("untie_embeddings_and_output_weights")
     for stage in range(target_pp):
         names = [name for name in full if target_pp == 1 or
-                 stage in gpt_stages_of(name, model["num_layers"], target_pp, tied)]
+                 stage in stages_of(name, model["num_layers"], target_pp, tied)]
         stage_state = dict(state, model_parameters=[n for n in state["model_parameters"] if n in names],
                            tensor_parallel_layout={k: v for k, v in layout.items() if k in names})
         _write_stage(tmp, {name: full[name] for name in names}, stage_state, padded, target_tp, stage,

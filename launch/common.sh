@@ -27,3 +27,9 @@ fi
 demo_corpus_path() {
     "$PYTHON" -c "from rapidgpt.data.demo_corpus import demo_corpus; print(demo_corpus()['$1'])"
 }
+
+# demo_bert_corpus_path KEY: the same documents as BERT data (data_prefix ..._text_sentence,
+# vocab_file vocab.txt), built once the same way.
+demo_bert_corpus_path() {
+    "$PYTHON" -c "from rapidgpt.data.demo_corpus import demo_bert_corpus; print(demo_bert_corpus()['$1'])"
+}

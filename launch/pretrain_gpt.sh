@@ -20,10 +20,10 @@
 # --save-interval N, --load DIR to resume, --exit-interval, --keep-last-n-checkpoints), engine
 # (--device --no-jit --seed), parallelism (--nproc-per-node, --tensor-model-parallel-size,
 # --pipeline-model-parallel-size), precision (--fp16/--mixed-precision, loss-scale flags; --bf16
-# on GPU/Ascend), recompute (--recompute-*, --checkpoint-activations), ZeRO stages 1 and 2
-# (--use-distributed-optimizer, --zero-1-memory-optimization, --zero-2-memory-optimization). Not in
-# this build yet, refused with an explanation: --zero-3-memory-optimization,
-# --fsdp-memory-optimization, the interleaved pipeline schedule and uneven pipeline stages.
+# on GPU/Ascend), recompute (--recompute-*, --checkpoint-activations), ZeRO stages 1, 2 and 3
+# (--use-distributed-optimizer, --zero-1-memory-optimization, --zero-2-memory-optimization,
+# --zero-3-memory-optimization / --fsdp-memory-optimization). Not in this build yet, refused with
+# an explanation: the interleaved pipeline schedule and uneven pipeline stages.
 # Resume an interrupted run: launch/pretrain_gpt.sh --save ckpt --save-interval 20 --load ckpt
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -27,6 +27,15 @@ A sample `ds[i]` is a dict of numpy arrays:
     position_ids  [seq_length] int32   0 .. seq_length-1
     last_index    []           int32   position of the final EOD (the token a classifier reads)
     label         []           int32   class id
+
+For BERT (BertClassificationDataset), as Hugging Face's BERT tokenizer encodes for
+BertForSequenceClassification:
+
+    text:       [CLS]  tokens(text)  [SEP]                          token types 0 ... 0
+    text pair:  [CLS]  tokens(text_a)  [SEP]  tokens(text_b)  [SEP]  token types 0 ... 0  1 ... 1
+
+right-padded with [PAD] (type 0), cut as above (the longer text first, from its end); samples hold
+`tokens`, `types`, `padding_mask` (1 = token) `[seq_length]` int32 and `label`.
 """
 import json
 import os
@@ -158,6 +167,19 @@ def encode(example, tokenizer, seq_length):
     return kept_a + [eod] + kept_b + [eod], len(kept_a) + len(kept_b) < len(text_a) + len(text_b)
 
 
+def encode_bert(example, tokenizer, seq_length):
+    """(token ids, token types, whether the input was cut): BERT's layout (module docstring)."""
+    cls, sep = tokenizer.cls, tokenizer.sep
+    text_a = tokenizer.tokenize(example.text_a)
+    if example.text_b is None:
+        kept = text_a[:seq_length - 2]
+        return [cls] + kept + [sep], [0] * (len(kept) + 2), len(kept) < len(text_a)
+    text_b = tokenizer.tokenize(example.text_b)
+    kept_a, kept_b = _truncate_pair(text_a, text_b, seq_length - 3)
+    ids = [cls] + kept_a + [sep] + kept_b + [sep]
+    return ids, [0] * (len(kept_a) + 2) + [1] * (len(kept_b) + 1), len(kept_a) + len(kept_b) < len(text_a) + len(text_b)
+
+
 class ClassificationDataset:
     """Encoded examples (see the module docstring for the layout); `truncated` counts cut inputs.
 
@@ -169,28 +191,46 @@ class ClassificationDataset:
         if seq_length < 3:
             raise ClassificationDataError(f"--seq-length {seq_length} is too short to classify text "
                                           f"(a text pair needs two EOD tokens and a token of each)")
-        self.seq_length, self.eod = seq_length, tokenizer.eod
+        self.seq_length, self.tokenizer = seq_length, tokenizer
         class_ids = {label: i for i, label in enumerate(labels)}
         self.inputs, self.labels, self.truncated = [], [], 0
         for example in examples:
             if example.label not in class_ids:
                 raise ClassificationDataError(f"{example.where}: label {example.label!r} does not occur "
                                               f"in {labels_from} ({', '.join(labels)})")
-            ids, cut = encode(example, tokenizer, seq_length)
+            *encoded, cut = self.encode(example)
             self.truncated += cut
-            self.inputs.append(np.array(ids, np.int32))
+            self.inputs.append(tuple(np.array(part, np.int32) for part in encoded))
             self.labels.append(class_ids[example.label])
         self.position_ids = np.arange(seq_length, dtype=np.int32)
+
+    def encode(self, example):
+        return encode(example, self.tokenizer, self.seq_length)
 
     def __len__(self):
         return len(self.inputs)
 
+    def padded(self, ids, fill):
+        row = np.full(self.seq_length, fill, np.int32)
+        row[:len(ids)] = ids
+        return row
+
     def __getitem__(self, i):
-        ids = self.inputs[i]
-        tokens = np.full(self.seq_length, self.eod, np.int32)
-        tokens[:len(ids)] = ids
-        return {"tokens": tokens, "position_ids": self.position_ids,
+        ids, = self.inputs[i]
+        return {"tokens": self.padded(ids, self.tokenizer.eod), "position_ids": self.position_ids,
                 "last_index": np.int32(len(ids) - 1), "label": np.int32(self.labels[i])}
+
+
+class BertClassificationDataset(ClassificationDataset):
+    """Examples encoded in BERT's layout (module docstring)."""
+
+    def encode(self, example):
+        return encode_bert(example, self.tokenizer, self.seq_length)
+
+    def __getitem__(self, i):
+        ids, types = self.inputs[i]
+        return {"tokens": self.padded(ids, self.tokenizer.pad), "types": self.padded(types, 0),
+                "padding_mask": self.padded(np.ones(len(ids), np.int32), 0), "label": np.int32(self.labels[i])}
 
 
 def _read_files(paths, flag):
@@ -224,10 +264,12 @@ def classification_datasets(args, tokenizer, logger=None):
             f"({', '.join(args.labels)}); drop --num-classes to use the data's")
     args.num_classes = len(args.labels)
 
+    layout = BertClassificationDataset if args.model_type == "bert" else ClassificationDataset
+
     def dataset(examples):
         if examples is None:
             return None
-        return ClassificationDataset(examples, args.labels, tokenizer, args.seq_length, labels_from)
+        return layout(examples, args.labels, tokenizer, args.seq_length, labels_from)
 
     train = dataset(train_examples)
     valid = dataset(_read_files(args.valid_data_path, "--valid-data-path"))

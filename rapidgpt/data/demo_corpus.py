@@ -6,6 +6,8 @@ trains a byte-level BPE on it and preprocesses it into a Megatron mmap dataset, 
 calls find the result in the user cache directory (`$RAPIDGPT_CACHE_DIR`, else
 `$XDG_CACHE_HOME/rapidgpt`, else `~/.cache/rapidgpt`). The folder name carries a hash of the
 text and settings, so another Python version or vocabulary size builds its own copy.
+`demo_bert_corpus()` is the same documents as BERT data: a WordPiece vocabulary made from them and
+sentence-level .bin/.idx (preprocess_data.py --split-sentences).
 """
 import hashlib
 import json
@@ -15,9 +17,10 @@ import tempfile
 
 from rapidgpt.data.indexed_dataset import IndexedDataset
 from rapidgpt.data.preprocess import get_args, output_prefix_for, preprocess
-from rapidgpt.tokenizer import save_gpt2_format, train_byte_level_bpe
+from rapidgpt.tokenizer import BertWordPieceTokenizer, save_gpt2_format, train_byte_level_bpe
 
 DEMO_VOCAB_SIZE = 4096
+DEMO_BERT_VOCAB_SIZE = 4096
 
 
 def cache_root():
@@ -42,34 +45,82 @@ def _paths(folder):
             "folder": folder}
 
 
-def demo_corpus(vocab_size=DEMO_VOCAB_SIZE, cache_dir=None):
-    """Paths of the demo dataset (`data_prefix`, `vocab_file`, `merge_file`, `jsonl`), built if missing."""
+def _bert_paths(folder):
+    return {"data_prefix": output_prefix_for(os.path.join(folder, "demo"), "text", "sentence"),
+            "vocab_file": os.path.join(folder, "vocab.txt"),
+            "jsonl": os.path.join(folder, "demo.jsonl"),
+            "folder": folder}
+
+
+def _built_once(name, settings, paths_of, build, cache_dir=None):
+    """`paths_of(folder)` of a corpus built by `build(paths)` into a folder named after `name` and
+    a hash of the documents and `settings`, once: later calls find it there."""
     documents = demo_documents()
-    digest = hashlib.sha1(json.dumps([documents, vocab_size]).encode("utf-8")).hexdigest()[:12]
+    digest = hashlib.sha1(json.dumps([documents, settings]).encode("utf-8")).hexdigest()[:12]
     root = cache_dir or cache_root()
-    final = os.path.join(root, f"demo-{digest}")
-    if IndexedDataset.exists(_paths(final)["data_prefix"]):
-        return _paths(final)
+    final = os.path.join(root, f"{name}-{digest}")
+    if IndexedDataset.exists(paths_of(final)["data_prefix"]):
+        return paths_of(final)
     os.makedirs(root, exist_ok=True)
     # Build in a private folder and publish it with one rename: concurrent builders (several
     # ranks, two terminals) never see a half-built corpus, and a crash leaves nothing behind.
-    work = tempfile.mkdtemp(prefix=".demo-build-", dir=root)
+    work = tempfile.mkdtemp(prefix=f".{name}-build-", dir=root)
     try:
-        paths = _paths(work)
+        paths = paths_of(work)
         with open(paths["jsonl"], "w", encoding="utf-8") as f:
             for text in documents:
                 f.write(json.dumps({"text": text}) + "\n")
-        vocab, merges = train_byte_level_bpe(documents, vocab_size)
-        save_gpt2_format(vocab, merges, work)
-        preprocess(get_args(["--input", paths["jsonl"], "--output-prefix", os.path.join(work, "demo"),
-                             "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", paths["vocab_file"],
-                             "--merge-file", paths["merge_file"], "--append-eod", "--log-interval", str(10 ** 9),
-                             "--no-progress-bar"]))
+        build(documents, paths)
         try:
             os.rename(work, final)
         except OSError:
-            if not IndexedDataset.exists(_paths(final)["data_prefix"]):
+            if not IndexedDataset.exists(paths_of(final)["data_prefix"]):
                 raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return _paths(final)
+    return paths_of(final)
+
+
+def demo_corpus(vocab_size=DEMO_VOCAB_SIZE, cache_dir=None):
+    """Paths of the demo dataset (`data_prefix`, `vocab_file`, `merge_file`, `jsonl`), built if missing."""
+    def build(documents, paths):
+        vocab, merges = train_byte_level_bpe(documents, vocab_size)
+        save_gpt2_format(vocab, merges, paths["folder"])
+        preprocess(get_args(["--input", paths["jsonl"], "--output-prefix", os.path.join(paths["folder"], "demo"),
+                             "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", paths["vocab_file"],
+                             "--merge-file", paths["merge_file"], "--append-eod", "--log-interval", str(10 ** 9),
+                             "--no-progress-bar"]))
+    return _built_once("demo", vocab_size, _paths, build, cache_dir)
+
+
+def wordpiece_vocabulary(documents, size):
+    """A lower-case WordPiece vocabulary (vocab.txt lines) for `documents`: BERT's special tokens,
+    every character alone and as a "##" continuation (so any word can be spelled), then the most
+    frequent words (BERT's basic tokenization) up to `size` entries, ties in first-seen order."""
+    from collections import Counter
+    splitter = BertWordPieceTokenizer.__new__(BertWordPieceTokenizer)
+    splitter.lower_case = True                         # basic_tokenize reads only this
+    words = Counter(w for text in documents for w in splitter.basic_tokenize(text))
+    chars = sorted({c for w in words for c in w})
+    lines = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + chars + ["##" + c for c in chars]
+    known = set(lines)
+    for word, _ in words.most_common():
+        if len(lines) >= size:
+            break
+        if word not in known:
+            lines.append(word)
+            known.add(word)
+    return lines
+
+
+def demo_bert_corpus(vocab_size=DEMO_BERT_VOCAB_SIZE, cache_dir=None):
+    """Paths of the demo documents as BERT data (`data_prefix` ..._text_sentence, `vocab_file`
+    vocab.txt for BertWordPieceLowerCase, `jsonl`): a WordPiece vocabulary of the corpus's frequent
+    words (`wordpiece_vocabulary`) and `preprocess_data.py --split-sentences`, built once."""
+    def build(documents, paths):
+        with open(paths["vocab_file"], "w", encoding="utf-8") as f:
+            f.write("\n".join(wordpiece_vocabulary(documents, vocab_size)) + "\n")
+        preprocess(get_args(["--input", paths["jsonl"], "--output-prefix", os.path.join(paths["folder"], "demo"),
+                             "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", paths["vocab_file"],
+                             "--split-sentences", "--log-interval", str(10 ** 9), "--no-progress-bar"]))
+    return _built_once("demo-bert", vocab_size, _bert_paths, build, cache_dir)

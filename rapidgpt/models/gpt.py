@@ -16,7 +16,6 @@ that is not the last returns its hidden states `[b, s, h]`. With tied embeddings
 its own copy of the word embeddings, named and initialised as the first stage's; their gradients
 are summed over the embedding group, so the two copies stay equal.
 """
-import re
 from collections import OrderedDict
 
 import mindspore as ms
@@ -172,27 +171,6 @@ class LanguageModelHead(nn.Cell):
         else:
             losses = ops.cross_entropy(self.logits(x, weight, bias), labels.reshape(-1), reduction="none")
         return losses.reshape(labels.shape)
-
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def gpt_stages_of(name, num_layers, pp_size, tied):
-    """The pipeline stages whose checkpoint holds tensor `name` (a GPTModel parameter, or optimizer
-    state named after one) at `pp_size` stages: a layer's on the stage of its global index, the
-    embeddings on the first (and, `tied`, the word embeddings on the last too), the final LayerNorm
-    and output layer on the last; a tensor of none of them (step count, learning rate, loss
-    scaler) on every stage."""
-    layer = _LAYER.search(name)
-    if layer:
-        return [int(layer.group(1)) // (num_layers // pp_size)]
-    if "word_embeddings." in name:
-        return sorted({0, pp_size - 1}) if tied else [0]
-    if "position_embeddings." in name:
-        return [0]
-    if "final_layernorm." in name or "output_layer." in name:
-        return [pp_size - 1]
-    return list(range(pp_size))
 
 
 def lm_loss_func(loss_mask, output_tensor):

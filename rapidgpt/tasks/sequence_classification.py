@@ -1,4 +1,4 @@
-"""`rapidgpt --task sequence_classification`: finetune the built-in GPT to label texts.
+"""`rapidgpt --task sequence_classification`: finetune the built-in GPT or BERT to label texts.
 
     rapidgpt --task sequence_classification --pretrained-checkpoint pretrained/ \
         --data-path train.jsonl --valid-data-path valid.jsonl --epochs 3 \
@@ -9,9 +9,14 @@
         --valid-data-path valid.jsonl --predictions-file predictions.jsonl
 
 Data: .jsonl or .tsv files of `text` (or `text_a` + `text_b`) and `label`, encoded as
-rapidgpt/data/classification.py describes (a pair is joined as `text_a EOD text_b EOD`). Model:
-the GPT described by the checkpoint (its metadata supplies the architecture and tokenizer flags)
-plus a linear head on the last real token, rapidgpt/models/classification.py. The loss (logged
+rapidgpt/data/classification.py describes (a GPT reads a pair as `text_a EOD text_b EOD`, BERT as
+`[CLS] text_a [SEP] text_b [SEP]`). Model: the one the checkpoint describes (its metadata, or a
+Hugging Face folder's config.json, supplies the architecture and tokenizer flags): a GPT plus a
+linear head on the last real token (rapidgpt/models/classification.py), or a BERT plus a linear
+head on its pooled [CLS] as BertForSequenceClassification (rapidgpt/models/bert.py), e.g.
+
+    rapidgpt --task sequence_classification --pretrained-model-name-or-path ./bert-base-cased \
+        --data-path train.tsv --valid-data-path dev.tsv --epochs 3 --micro-batch-size 32 --lr 2e-5 The loss (logged
 as `loss`, with samples per second) is the cross-entropy of the labels. After every
 epoch the validation set's accuracy and macro-F1 are logged and, with --save, the best epoch by
 --best-metric (accuracy by default) is kept under `<save>/best/`.
@@ -29,7 +34,7 @@ from rapidgpt.arguments import parse_args
 from rapidgpt.data.classification import ClassificationDataError, classification_datasets, write_predictions
 from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.global_vars import get_tokenizer
-from rapidgpt.models.classification import build_gpt_classifier
+from rapidgpt.models.builtin import build_classifier
 from rapidgpt.parallel.state import get_parallel_state
 from rapidgpt.tasks.pretraining import vocab_size
 from rapidgpt.training.finetuner import Finetuner
@@ -37,7 +42,9 @@ from rapidgpt.training.metrics import classification_metrics, predict_classes
 
 
 def logits(model, batch):
-    """`[b, classes]` logits of a batch of encoded texts."""
+    """`[b, classes]` logits of a batch of encoded texts (BERT's batches hold token types)."""
+    if "types" in batch:
+        return model(batch["tokens"], batch["padding_mask"], batch["types"])
     return model(batch["tokens"], batch["position_ids"], batch["last_index"])
 
 
@@ -48,7 +55,7 @@ class SequenceClassificationFinetuner(Finetuner):
         return train, valid, test, None
 
     def model_optimizer_lr_scheduler_provider(self):
-        return build_gpt_classifier(self.args, vocab_size(self.args)), None, None
+        return build_classifier(self.args, vocab_size(self.args)), None, None
 
     def run_forward_step(self, batch, model):
         return ops.cross_entropy(logits(model, batch), batch["label"])

@@ -161,7 +161,7 @@ def main(argv=None):
                         help="tensor-parallel size of the written checkpoint (default: the checkpoint's)")
     parser.add_argument("--target-pipeline-parallel-size", type=int, default=None,
                         help="pipeline stages of the written checkpoint (default: the checkpoint's); "
-                             "stages are split by the built-in GPT's rule")
+                             "stages are split by the built-in models' rule")
     args = parser.parse_args(argv)
     if args.target_tensor_parallel_size is None and args.target_pipeline_parallel_size is None:
         parser.error("give --target-tensor-parallel-size and/or --target-pipeline-parallel-size")

@@ -11,7 +11,7 @@ in RapidGPT's checkpoint layout, weights only, with metadata recording the archi
 vocab.txt is copied into the checkpoint and recorded as BertWordPieceLowerCase or BertWordPieceCase
 (tokenizer_config.json's do_lower_case), so `rapidgpt.load_pretrained(DIR)`,
 `--pretrained-checkpoint DIR` and `--load DIR` need no model or tokenizer flags. A file without the
-masked-LM head (BertModel, a classifier) is written with a freshly initialised one, and said so.
+masked-LM head or pooler (BertModel, BertForMaskedLM, a classifier) gets seeded ones, and says so.
 
 RapidGPT -> HF: writes config.json (BertForPreTraining) + model.safetensors (the tied decoder weight
 saved once, as Hugging Face does) + vocab.txt and tokenizer_config.json; the folder loads with
@@ -73,8 +73,8 @@ def hf_to_checkpoint(hf_dir, save, ckpt_format="ckpt", divisible_by=128):
     initialize_parameters(model, args.seed)
     missing = sorted(name for name, _ in model.parameters_and_names() if name not in params)
     if missing:
-        notes.append(f"note: {hf_dir} has no masked-LM head; {', '.join(missing)} start from the seeded "
-                     f"initialisation (--seed {args.seed})")
+        notes.append(f"note: {hf_dir} has no {', '.join(missing)} (its model has no such head); they start "
+                     f"from the seeded initialisation (--seed {args.seed})")
     load_into_model(model, params, partial=True)
     return save_checkpoint(args, 0, 0, model, None, None), dict(flags, bert_binary_head=args.bert_binary_head), notes
 

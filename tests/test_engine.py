@@ -109,7 +109,7 @@ def test_every_problem_is_reported_at_once_in_one_line_each(capsys):
     (["--task", "pretraining", "--model-type", "bert", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
       "v.json", "--merge-file", "m.txt", "--data-path", "corpus_text_sentence", "--mask-prob", "1.5"],
      ["--tokenizer-type: BERT needs [CLS]/[SEP]/[MASK]/[PAD] from a WordPiece vocabulary",
-      "--mask-prob: must be in [0, 1), got 1.5"]),
+      "--mask-prob: must be in (0, 1)"]),
     (["--task", "sequence_classification", "--data-path", "missing.jsonl", "--epochs", "1"],
      ["--data-path: 'missing.jsonl': no such file (nor missing.jsonl.bin/.idx); check the path",
       "--tokenizer-type: sequence classification reads text; give --pretrained-checkpoint"]),

@@ -5,10 +5,13 @@
                              BERT examples give only --tokenizer-type BertWordPieceLowerCase), or
                              when --pretrained-checkpoint / --load holds a BERT; GPT otherwise
     --bert-no-binary-head    no sentence-order (binary) head and loss; samples are not split into A/B
+                             (--bert-binary-head: with it, the default)
     --mask-prob 0.15         share of the tokens masked for the masked-LM loss
     --short-seq-prob 0.1     share of samples given a random shorter target length
 
-The model type is recorded in checkpoints with the other architecture flags.
+The model type is recorded in checkpoints with the other architecture flags (a run that starts
+from a checkpoint must agree); whether it has the binary head too, used when the flags do not say
+(a checkpoint's heads that the model lacks are left unused).
 """
 MODEL_TYPES = ("gpt", "bert")
 
@@ -20,6 +23,8 @@ def add_bert_args(parser):
                         "checkpoint, else gpt)")
     g.add_argument("--bert-no-binary-head", dest="bert_binary_head", action="store_false", default=True,
                    help="BERT without the sentence-order head and loss (masked LM only)")
+    g.add_argument("--bert-binary-head", dest="bert_binary_head", action="store_true",
+                   help="BERT with the sentence-order head (the default; overrides a checkpoint saved without one)")
     g.add_argument("--mask-prob", type=float, default=0.15,
                    help="BERT: probability of masking a token (of those, 80%% [MASK], 10%% random, 10%% kept)")
     g.add_argument("--short-seq-prob", type=float, default=0.1,
@@ -34,14 +39,25 @@ def check_bert_args(args, check):
     """Validate into `check` (a flag_parser.Problems); settle `args.model_type`."""
     if args.model_type is None:
         args.model_type = default_model_type(args.tokenizer_type)
-    check.require(0.0 <= args.mask_prob < 1.0, f"--mask-prob: must be in [0, 1), got {args.mask_prob}")
+    check.require(0.0 < args.mask_prob < 1.0, f"--mask-prob: must be in (0, 1) (no masked token leaves the "
+                                              f"masked-LM loss undefined), got {args.mask_prob}")
     check.require(0.0 <= args.short_seq_prob <= 1.0,
                   f"--short-seq-prob: must be in [0, 1], got {args.short_seq_prob}")
     if args.model_type == "bert":
+        check.require(args.task != "text_generation", "--task text_generation: the checkpoint holds a BERT, an "
+                                                      "encoder that does not generate text; load a GPT")
+        check.require(args.task != "pretraining" or args.tokenizer_type,
+                      "--tokenizer-type: BERT pretraining builds its samples with [CLS]/[SEP]/[MASK]; give "
+                      "--tokenizer-type BertWordPieceLowerCase (or BertWordPieceCase) --vocab-file vocab.txt")
         check.require(args.task != "pretraining" or args.data_path or args.train_data_path,
                       "--data-path: BERT pretraining needs a sentence-level corpus (data_tools/preprocess_data.py "
                       "--split-sentences makes one, e.g. corpus_text_sentence); the embedded demo corpus is "
                       "the GPT's")
+        check.require(args.tensor_model_parallel_size == 1 or args.pipeline_model_parallel_size > 1,
+                      f"--tensor-model-parallel-size {args.tensor_model_parallel_size}: BERT's tensor parallelism "
+                      f"works here only with --pipeline-model-parallel-size 2 or more (in the one-graph step, "
+                      f"MindSpore 2.10 gives its post-LayerNorm layers' tensor-parallel inputs the residual's "
+                      f"gradient twice); use data parallelism, or add pipeline stages")
         check.require(not (args.zero_3_memory_optimization or args.fsdp_memory_optimization),
                       "--zero-3-memory-optimization: not with BERT in this build (its small head layers' "
                       "parameter gathers ran in different orders on the data-parallel ranks, which the CPU "

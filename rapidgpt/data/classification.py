@@ -149,10 +149,11 @@ def label_names(labels):
 
 
 def _truncate_pair(text_a, text_b, budget):
-    """Cut two token lists to at most `budget` tokens together, from the end of the longer one."""
+    """Cut two token lists to at most `budget` tokens together, one token at a time from the end of
+    the longer one (of text_b when they are equal), as Hugging Face's `longest_first` truncation."""
     text_a, text_b = list(text_a), list(text_b)
     while len(text_a) + len(text_b) > budget:
-        (text_a if len(text_a) >= len(text_b) else text_b).pop()
+        (text_a if len(text_a) > len(text_b) else text_b).pop()
     return text_a, text_b
 
 

@@ -21,12 +21,14 @@ Padding positions' keys are hidden from every query (Hugging Face's mask): real 
 exactly as without the padding. Logits and the loss cover the true vocabulary (padded rows never
 appear), as in the GPT. Pipeline stages as the GPT's (rapidgpt/models/gpt.py): the first stage
 holds the embeddings, the last the heads and a copy of the word embeddings (tied); every stage
-takes the padding mask. ZeRO-3: every weighted cell here is a RapidGPT layer (a decoder-style
-layer, embeddings, LayerNorms, linears, the LM head's bias), so the model is sharded as the GPT is.
+takes the padding mask. Every weighted cell here is a RapidGPT layer that declares its ZeRO-3
+slots (encoder layers, embeddings, LayerNorms, linears, the LM head's bias); ZeRO-3 itself is
+refused for BERT in this build (rapidgpt/config/bert.py says why).
 Initialisation: normal(0, --init-method-std), output projections of each layer scaled by
 1/sqrt(2 * layers) as Megatron's, LayerNorms 1/0, biases 0; seeded by name, so the same for
 every layout.
 """
+import copy
 from collections import OrderedDict
 
 import mindspore as ms
@@ -46,7 +48,8 @@ NUM_TOKENTYPES = 2
 
 
 def bert_config(config):
-    """A TransformerConfig made BERT's: bidirectional attention, exact GELU."""
+    """A copy of a TransformerConfig made BERT's: bidirectional attention, exact GELU."""
+    config = copy.copy(config)
     config.causal = False
     config.activation = "gelu"
     return config
@@ -114,7 +117,7 @@ class BertModel(nn.Cell):
         pp_size, pp_rank = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
         self.pre_process = pp_rank == 0 if pre_process is None else pre_process
         self.post_process = pp_rank == pp_size - 1 if post_process is None else post_process
-        self.config = bert_config(config)
+        self.config = config = bert_config(config)
         self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
         self.add_binary_head, self.add_lm_head = add_binary_head, add_lm_head
         h, std = config.hidden_size, config.init_method_std
@@ -185,8 +188,9 @@ class BertSequenceClassifier(BertModel):
         logits = head(dropout(tanh(pooler(x[:, 0]))))
 
     Parameter names are BertModel's (so a BERT pretraining checkpoint or a Hugging Face BERT folder
-    loads into them; their LM and binary heads go unused) plus `head.weight`, `head.bias`, which start
-    from the seeded initialisation unless the folder holds a classifier of the same size."""
+    loads into them; their LM and binary heads go unused) plus `head.weight`, `head.bias`: from the
+    folder's classifier (BertForSequenceClassification; of another number of classes it is an
+    error naming the shapes), else from the seeded initialisation."""
 
     def __init__(self, config, vocab_size, padded_vocab_size, num_classes):
         super().__init__(config, vocab_size, padded_vocab_size, add_binary_head=False, add_lm_head=False,

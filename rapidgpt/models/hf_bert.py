@@ -2,8 +2,8 @@
 
 A Hugging Face BERT folder holds `config.json` (model_type "bert"), `model.safetensors` and the
 tokenizer's `vocab.txt` (+ `tokenizer_config.json`, whose `do_lower_case` picks
-BertWordPieceLowerCase or BertWordPieceCase; without it the folder name decides as Hugging Face's
-hub names do: "uncased" lower-cases, anything else keeps case). Saved from BertForPreTraining,
+BertWordPieceLowerCase or BertWordPieceCase; without it, lower case, Hugging Face's default, unless
+the folder is named as a cased model, e.g. bert-base-cased). Saved from BertForPreTraining,
 BertForMaskedLM, BertForSequenceClassification or BertModel, tensor names start with `bert.` (or
 nothing, for BertModel) and the heads with `cls.` / `classifier.`; all are read, exports use
 BertForPreTraining's names.
@@ -28,8 +28,8 @@ plus a bias); every conversion is a copy or a reshape, so values are copied bit 
     cls.predictions.transform.dense / .LayerNorm      lm_head.dense / lm_head.layernorm
     cls.predictions.bias [vocab]                      lm_head.output_bias.bias [padded vocab]
     cls.seq_relationship [2, h]                       binary_head
-    classifier [classes, h]                           head (BertSequenceClassifier; the encoder
-                                                      under backbone.)
+    classifier [classes, h]                           head (BertSequenceClassifier, a BertModel:
+                                                      the encoder under the same names)
 
 Vocabulary padding: padded rows are zeros on import and dropped on export.
 """
@@ -129,8 +129,8 @@ def flags_from_hf_config(config, where=CONFIG):
 
 
 def lower_case(hf_dir):
-    """Whether the folder's tokenizer lower-cases: tokenizer_config.json's do_lower_case, else the
-    folder name ("uncased" as in bert-base-uncased)."""
+    """Whether the folder's tokenizer lower-cases: tokenizer_config.json's do_lower_case, else
+    Hugging Face's default (lower case) unless the folder's name says cased (bert-base-cased)."""
     path = os.path.join(hf_dir, TOKENIZER_CONFIG)
     if os.path.isfile(path):
         try:
@@ -140,7 +140,8 @@ def lower_case(hf_dir):
             raise HFConversionError(f"{path}: unreadable ({e})") from None
         if value is not None:
             return bool(value)
-    return "uncased" in os.path.basename(os.path.normpath(hf_dir)).lower()
+    name = os.path.basename(os.path.normpath(hf_dir)).lower()
+    return not ("cased" in name and "uncased" not in name)
 
 
 def tokenizer_flags(hf_dir):

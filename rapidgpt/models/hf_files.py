@@ -177,8 +177,12 @@ def converter_for(hf_dir):
     """The module that converts the folder's model (its config.json's model_type): hf_bert for
     "bert", hf_gpt2 otherwise (it names what it cannot convert). Both offer read_hf_folder,
     flags_from_hf_config, hf_folder_model_flags and hf_to_rapidgpt."""
-    if model_type(hf_dir) == "bert":
+    kind = model_type(hf_dir)
+    if kind == "bert":
         from rapidgpt.models import hf_bert
         return hf_bert
+    if kind not in ("gpt2", None):          # None: unreadable config.json, hf_gpt2 says what is wrong
+        raise HFConversionError(f"{os.path.join(hf_dir, CONFIG)}: model_type {kind!r}; RapidGPT converts "
+                                f"Hugging Face GPT-2 ('gpt2') and BERT ('bert') models")
     from rapidgpt.models import hf_gpt2
     return hf_gpt2

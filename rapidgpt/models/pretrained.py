@@ -74,7 +74,11 @@ def load_pretrained(path):
         else:
             model = build_model(args, flags["vocab_size"])
         initialize_parameters(model, args.seed)          # dropout streams; weights are replaced next
-        load_into_model(model, params)
+        missing = [name for name, _ in model.parameters_and_names() if name not in params]
+        if missing:                          # e.g. BertForMaskedLM's folder has no pooler
+            logging.getLogger("rapidgpt").warning(f"{path}: no {', '.join(missing)}; seeded initialisation "
+                                                  f"(--seed {args.seed}) instead")
+        load_into_model(model, params, partial=True)
     else:
         args = build_parser().parse_args(["--load", path])
         try:

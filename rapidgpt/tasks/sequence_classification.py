@@ -16,7 +16,8 @@ linear head on the last real token (rapidgpt/models/classification.py), or a BER
 head on its pooled [CLS] as BertForSequenceClassification (rapidgpt/models/bert.py), e.g.
 
     rapidgpt --task sequence_classification --pretrained-model-name-or-path ./bert-base-cased \
-        --data-path train.tsv --valid-data-path dev.tsv --epochs 3 --micro-batch-size 32 --lr 2e-5 The loss (logged
+        --data-path train.tsv --valid-data-path dev.tsv --epochs 3 --micro-batch-size 32 --lr 2e-5
+ The loss (logged
 as `loss`, with samples per second) is the cross-entropy of the labels. After every
 epoch the validation set's accuracy and macro-F1 are logged and, with --save, the best epoch by
 --best-metric (accuracy by default) is kept under `<save>/best/`.

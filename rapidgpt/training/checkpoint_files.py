@@ -41,9 +41,9 @@ BEST = "best"                        # <save>/best/: the best evaluation's check
 ARCHITECTURE_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                      "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by",
                      "untie_embeddings_and_output_weights", "layernorm_epsilon", "tokenizer_type",
-                     "model_type", "bert_binary_head")
+                     "model_type")
 TOKENIZER_FILE_ARGS = ("vocab_file", "merge_file")
-MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length",) + TOKENIZER_FILE_ARGS
+MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length", "bert_binary_head") + TOKENIZER_FILE_ARGS
 _CHUNK = 1 << 22
 # Files whose CRC-32 this process already checked, by (path, size, mtime): --load's checkpoint is
 # verified when the flags are read and again when it is loaded; it is read once.

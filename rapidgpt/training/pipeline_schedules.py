@@ -108,13 +108,15 @@ class StatNames:
         elsewhere), exchanged once: every stage calls this at the same point of a step."""
         if self.names is None:
             data = "\n".join(stats).encode("utf-8") if self.last else b""
-            if len(data) > self.SIZE:
-                raise ValueError(f"the loss function's statistics have names of {len(data)} bytes in all; "
-                                 f"keep them under {self.SIZE}")
-            vector = np.zeros(self.SIZE, np.float32)
-            vector[:len(data)] = np.frombuffer(data, np.uint8)
-            summed = self.sum(Tensor(vector)).asnumpy().astype(np.uint8).tobytes().rstrip(b"\0")
-            self.names = summed.decode("utf-8").split("\n") if summed else []
+            vector = np.zeros(1 + self.SIZE, np.float32)          # [length, bytes...]
+            vector[0] = len(data)
+            vector[1:1 + min(len(data), self.SIZE)] = np.frombuffer(data[:self.SIZE], np.uint8)
+            summed = self.sum(Tensor(vector)).asnumpy()
+            if summed[0] > self.SIZE:                             # every stage stops alike
+                raise ValueError(f"the loss function's statistics have names of {int(summed[0])} bytes in "
+                                 f"all; keep them under {self.SIZE}")
+            text = summed[1:1 + int(summed[0])].astype(np.uint8).tobytes().decode("utf-8")
+            self.names = text.split("\n") if text else []
         return self.names
 
     def stacked(self, loss, stats):

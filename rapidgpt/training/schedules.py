@@ -24,7 +24,7 @@ def loss_and_stats(output):
     if isinstance(output, tuple):
         output = output[1](output[0])
         if isinstance(output, tuple):
-            output, stats = output[0], output[-1]
+            output, stats = output[0], output[-1] if isinstance(output[-1], dict) else {}
     return ops.cast(output, ms.float32), {name: ops.cast(value, ms.float32).reshape(()) for name, value in stats.items()}
 
 
@@ -151,21 +151,24 @@ class ForwardBackwardNoPipelining(nn.Cell):
         self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
         self.finalize = DataParallelFinalize(params, self.cast_to_fp32, gradient_layout)
 
-    def micro_batch_loss(self, micro_batch, loss_multiplier):
+    def micro_batch_loss(self, micro_batch, loss_multiplier, key):
         """(the loss the backward starts from, the hook's loss in fp32, its statistics' values, their
-        names) of one micro-batch. Values and names travel as tuples: MindSpore 2.10 returns a dict
-        given as value_and_grad's aux, when the gradient function is called more than once in a
-        graph, as constants of the first compilation (measured)."""
+        names) of one micro-batch; the dropout key is an explicit input, set before the forward
+        runs. Values and names travel as tuples: MindSpore 2.10 returns a dict given as
+        value_and_grad's aux, when the gradient function is called more than once in a graph, as
+        constants of the first compilation (measured)."""
+        set_dropout_key(key)
         loss, stats = loss_and_stats(self.forward(micro_batch))
         return loss * loss_multiplier, loss, tuple(stats.values()), tuple(stats.keys())
 
     def micro_batch(self, stacked, i, iteration, multiplier):
-        """Micro-batch i's forward and backward. Its dropout key is set before, outside the
-        differentiated function: with the key's assign inside it, MindSpore 2.10 gave a
-        tensor-parallel copy whose input also feeds a residual branch (BERT's post-LayerNorm
-        layers) the residual's gradient too, doubling input gradients at TP=2 (measured)."""
-        set_dropout_key(micro_batch_dropout_key(iteration, i, self.dp_size, self.dp_rank))
-        return self.grad_fn(select_micro_batch(stacked, i), multiplier)
+        """Micro-batch i's forward and backward. The dropout key's assign is inside the
+        differentiated function (set outside it, MindSpore 2.10 found a cycle in the graph of a
+        16-bit ZeRO-3 step with recompute). With it inside, a tensor-parallel copy whose input also
+        feeds a residual branch (BERT's post-LayerNorm layers) received the residual's gradient too
+        (input gradients doubled at TP=2, measured): rapidgpt/config/bert.py refuses that layout."""
+        return self.grad_fn(select_micro_batch(stacked, i), multiplier,
+                            micro_batch_dropout_key(iteration, i, self.dp_size, self.dp_rank))
 
     def construct(self, stacked, iteration, loss_scale=None):
         n = self.num_micro_batches

@@ -255,8 +255,8 @@ class Trainer:
             self.timers("evaluate", log_level=1).stop()
 
     def eval_step(self, forward, model=None):
-        """A compiled forward-only `micro_batch -> loss` over this trainer's forward hook (the
-        `model` it runs is needed with pipeline stages)."""
+        """A compiled forward-only `micro_batch -> (loss, {name: statistic})` over this trainer's
+        forward hook (the `model` it runs is needed with pipeline stages)."""
         if self.args.pipeline_model_parallel_size > 1:
             return PipelineEvalStep(forward, model, self.activation_shape(),
                                     getattr(ms, self.args.precision.params_dtype))

@@ -265,7 +265,8 @@ def classification_datasets(args, tokenizer, logger=None):
             f"({', '.join(args.labels)}); drop --num-classes to use the data's")
     args.num_classes = len(args.labels)
 
-    layout = BertClassificationDataset if args.model_type == "bert" else ClassificationDataset
+    # (a namespace made by hand, without the model flags, is the GPT's layout)
+    layout = BertClassificationDataset if getattr(args, "model_type", None) == "bert" else ClassificationDataset
 
     def dataset(examples):
         if examples is None:

@@ -19,7 +19,6 @@ saved once, as Hugging Face does) + vocab.txt and tokenizer_config.json; the fol
 
 Layouts and the exact mapping: rapidgpt/models/hf_bert.py.
 """
-import argparse
 import json
 import os
 import shutil
@@ -27,12 +26,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rapidgpt.arguments import ArgumentError  # noqa: E402
 from rapidgpt.models.hf_bert import (TOKENIZER_CONFIG, VOCAB_TXT, flags_from_hf_config, hf_config_from_flags,  # noqa: E402
                                      hf_to_rapidgpt, rapidgpt_to_hf, read_hf_folder, tokenizer_flags)
-from rapidgpt.models.hf_files import (CONFIG, SAFETENSORS, HFConversionError, load_into_model,  # noqa: E402
-                                      write_safetensors)
-from rapidgpt.training.checkpoint_files import LATEST, CheckpointError, find_checkpoint, read_metadata  # noqa: E402
+from rapidgpt.models.hf_files import (CONFIG, SAFETENSORS, HFConversionError, check_conversion_targets,  # noqa: E402
+                                      conversion_main, load_into_model, write_hf_config, write_safetensors)
+from rapidgpt.training.checkpoint_files import find_checkpoint, read_metadata  # noqa: E402
 from rapidgpt.training.checkpointing import save_checkpoint  # noqa: E402
 
 PROG = "convert_hf_bert.py"
@@ -52,8 +50,7 @@ def hf_to_checkpoint(hf_dir, save, ckpt_format="ckpt", divisible_by=128):
     from rapidgpt.models.pretrained import model_args
     from rapidgpt.parallel.random import initialize_parameters
 
-    if os.path.exists(os.path.join(save, LATEST)):
-        raise HFConversionError(f"--save {save} already holds a RapidGPT checkpoint; give an empty or new folder")
+    check_conversion_targets(save=save)
     config, tensors, notes = read_hf_folder(hf_dir)
     flags = flags_from_hf_config(config, os.path.join(hf_dir, CONFIG))
     params = hf_to_rapidgpt(tensors, flags, where=hf_dir)
@@ -83,10 +80,7 @@ def checkpoint_to_hf(load, hf_dir):
     """Write the RapidGPT BERT checkpoint under `load` as a Hugging Face BERT folder `hf_dir`."""
     from rapidgpt.models.pretrained import load_pretrained
 
-    if os.path.isfile(os.path.join(hf_dir, SAFETENSORS)):
-        raise HFConversionError(f"--hf-dir {hf_dir} already holds a {SAFETENSORS}; give an empty or new folder")
-    if not os.path.isdir(load):
-        raise HFConversionError(f"--load {load}: no such directory")
+    check_conversion_targets(hf_dir=hf_dir, load=load)
     metadata = read_metadata(find_checkpoint(load))
     if metadata["model"].get("model_type") != "bert":
         raise HFConversionError(f"--load {load}: the checkpoint holds a {metadata['model'].get('model_type') or 'gpt'} "
@@ -96,10 +90,7 @@ def checkpoint_to_hf(load, hf_dir):
     flags = {name: saved[name] for name in _SAVED_FLAGS}
     flags["vocab_size"] = model.vocab_size
     params = {name: param.asnumpy() for name, param in model.parameters_and_names()}
-    os.makedirs(hf_dir, exist_ok=True)
-    with open(os.path.join(hf_dir, CONFIG), "w") as f:
-        json.dump(hf_config_from_flags(flags), f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_hf_config(hf_dir, hf_config_from_flags(flags))
     write_safetensors(os.path.join(hf_dir, SAFETENSORS), rapidgpt_to_hf(params, flags), {"format": "pt"})
     notes, vocab = [], metadata["model"].get("vocab_file")
     if vocab and os.path.isfile(vocab):
@@ -113,45 +104,9 @@ def checkpoint_to_hf(load, hf_dir):
     return flags, notes
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hf-dir", required=True, help="Hugging Face BERT folder: read (default) or written (--to-hf)")
-    parser.add_argument("--save", help="HF -> RapidGPT: checkpoint folder to write")
-    parser.add_argument("--to-hf", action="store_true", help="RapidGPT -> HF instead")
-    parser.add_argument("--load", help="--to-hf: RapidGPT checkpoint folder to read")
-    parser.add_argument("--ckpt-format", choices=["ckpt", "safetensors"], default="ckpt",
-                        help="HF -> RapidGPT: MindSpore weight file format")
-    parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
-                        help="HF -> RapidGPT: pad the vocabulary rows to a multiple of this")
-    return parser
-
-
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.to_hf and not args.load:
-        parser.error("--to-hf needs --load DIR (the RapidGPT checkpoint to export)")
-    if not args.to_hf and not args.save:
-        parser.error("give --save DIR (HF -> RapidGPT) or --to-hf --load DIR (RapidGPT -> HF)")
-    if args.make_vocab_size_divisible_by < 1:
-        parser.error("--make-vocab-size-divisible-by must be >= 1")
-    try:
-        if args.to_hf:
-            flags, notes = checkpoint_to_hf(args.load, args.hf_dir)
-            done = f"wrote {args.hf_dir} ({CONFIG} + {SAFETENSORS})"
-        else:
-            path, flags, notes = hf_to_checkpoint(args.hf_dir, args.save, args.ckpt_format,
-                                                  args.make_vocab_size_divisible_by)
-            done = f"wrote {path}"
-    except (HFConversionError, CheckpointError, ArgumentError, OSError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    for note in notes:
-        print(note, file=sys.stderr)
-    print(f"{done}: BERT with {flags['num_layers']} layers, hidden {flags['hidden_size']}, "
-          f"{flags['num_attention_heads']} heads, vocabulary {flags['vocab_size']}, "
-          f"{flags['max_position_embeddings']} positions")
-    return 0
+    return conversion_main(PROG, "BERT", __doc__.split("\n\n")[0], hf_to_checkpoint, checkpoint_to_hf,
+                           lambda flags: "" if flags.get("bert_binary_head", True) else ", no binary head", argv)
 
 
 if __name__ == "__main__":

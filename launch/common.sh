@@ -33,3 +33,21 @@ demo_corpus_path() {
 demo_bert_corpus_path() {
     "$PYTHON" -c "from rapidgpt.data.demo_corpus import demo_bert_corpus; print(demo_bert_corpus()['$1'])"
 }
+
+# The small model the example launchers train: 4 layers, hidden 256, 4 heads, 128 tokens, global
+# batch 16 as two micro-batches of 8 (any flag given after a launcher's name overrides these).
+SMALL_MODEL_ARGS=(
+    --num-layers 4
+    --hidden-size 256
+    --num-attention-heads 4
+    --seq-length 128
+    --max-position-embeddings 128
+    --micro-batch-size 8
+    --global-batch-size 16
+)
+
+# TENSORBOARD_ARGS: --tensorboard-dir "$TENSORBOARD_DIR" when TENSORBOARD_DIR is set, else none.
+TENSORBOARD_ARGS=()
+if [[ -n "${TENSORBOARD_DIR:-}" ]]; then
+    TENSORBOARD_ARGS=(--tensorboard-dir "$TENSORBOARD_DIR")
+fi

@@ -23,13 +23,7 @@ fi
 : "${VOCAB_FILE:?set VOCAB_FILE to the vocab.txt DATA_PATH was preprocessed with}"
 
 BERT_ARGS=(
-    --num-layers 4
-    --hidden-size 256
-    --num-attention-heads 4
-    --seq-length 128
-    --max-position-embeddings 128
-    --micro-batch-size 8
-    --global-batch-size 16
+    "${SMALL_MODEL_ARGS[@]}"
     --train-iters 200
     --lr 1e-3
     --min-lr 1e-4
@@ -52,9 +46,6 @@ OUTPUT_ARGS=(
     --eval-interval 100
     --eval-iters 10
 )
-if [[ -n "${TENSORBOARD_DIR:-}" ]]; then
-    OUTPUT_ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR")
-fi
 
 exec "$RAPIDGPT" --user-script "$REPO_ROOT/user_scripts/pretrain_bert.py" \
-    "${BERT_ARGS[@]}" "${DATA_ARGS[@]}" "${OUTPUT_ARGS[@]}" "$@"
+    "${BERT_ARGS[@]}" "${DATA_ARGS[@]}" "${OUTPUT_ARGS[@]}" "${TENSORBOARD_ARGS[@]}" "$@"

@@ -37,13 +37,7 @@ fi
 : "${MERGE_FILE:?set MERGE_FILE to the merges.txt that goes with VOCAB_FILE}"
 
 GPT_ARGS=(
-    --num-layers 4
-    --hidden-size 256
-    --num-attention-heads 4
-    --seq-length 128
-    --max-position-embeddings 128
-    --micro-batch-size 8
-    --global-batch-size 16
+    "${SMALL_MODEL_ARGS[@]}"
     --train-iters 100
     --lr 6e-4
     --min-lr 6e-5
@@ -72,9 +66,6 @@ OUTPUT_ARGS=(
     --eval-interval 50
     --eval-iters 10
 )
-if [[ -n "${TENSORBOARD_DIR:-}" ]]; then
-    OUTPUT_ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR")
-fi
 
 exec "$RAPIDGPT" --user-script "$REPO_ROOT/user_scripts/pretrain_gpt.py" \
-    "${GPT_ARGS[@]}" "${DATA_ARGS[@]}" "${OUTPUT_ARGS[@]}" "$@"
+    "${GPT_ARGS[@]}" "${DATA_ARGS[@]}" "${OUTPUT_ARGS[@]}" "${TENSORBOARD_ARGS[@]}" "$@"

@@ -12,12 +12,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 MODEL_ARGS=(
-    --num-layers 4
-    --hidden-size 256
-    --num-attention-heads 4
-    --seq-length 128
-    --micro-batch-size 8
-    --global-batch-size 16
+    "${SMALL_MODEL_ARGS[@]}"
     --train-iters 100
     --lr 6e-4
     --min-lr 6e-5
@@ -37,8 +32,5 @@ if [[ -n "${DATA_PATH:-}" ]]; then
     DATA_ARGS=(--data-path "${DATA_PREFIXES[@]}" --split 949,50,1 --tokenizer-type GPT2BPETokenizer
                --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE")
 fi
-if [[ -n "${TENSORBOARD_DIR:-}" ]]; then
-    DATA_ARGS+=(--tensorboard-dir "$TENSORBOARD_DIR")
-fi
 
-exec "$RAPIDGPT" --task pretraining "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "$@"
+exec "$RAPIDGPT" --task pretraining "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${TENSORBOARD_ARGS[@]}" "$@"

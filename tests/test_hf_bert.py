@@ -6,7 +6,6 @@ The fixtures tests/fixtures/hf_bert_tiny/ (BertForPreTraining) and hf_bert_tiny_
 tests/fixtures/make_hf_bert_tiny.py, not run here): every tensor random, vocabulary 200 (padded to
 256 inside RapidGPT), the second row padded, with HF's outputs on fixed inputs.
 """
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -21,24 +20,12 @@ from rapidgpt.models.hf_bert import hf_folder_model_flags
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.training.checkpointing import load_pretrained_weights
 
+from hf_conversion import conversion_fixtures
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "hf_bert_tiny"
 FIXTURE_CLS = ROOT / "tests" / "fixtures" / "hf_bert_tiny_cls"
-_spec = importlib.util.spec_from_file_location("convert_hf_bert", ROOT / "data_tools" / "convert_hf_bert.py")
-convert = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(convert)
-
-
-@pytest.fixture(scope="module")
-def expected():
-    return dict(np.load(FIXTURE / "expected.npz"))
-
-
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    save = tmp_path_factory.mktemp("converted") / "ckpt"
-    assert convert.main(["--hf-dir", str(FIXTURE), "--save", str(save)]) == 0
-    return save
+convert, expected, converted = conversion_fixtures(FIXTURE, "convert_hf_bert")
 
 
 def inputs(expected):

@@ -5,7 +5,6 @@ The fixture tests/fixtures/hf_gpt2_tiny/ was written by transformers itself (see
 tests/fixtures/make_hf_gpt2_tiny.py, not run here): every tensor random, vocabulary 300 (padded to
 384 inside RapidGPT), with HF's logits and loss on fixed token ids.
 """
-import importlib.util
 import json
 import re
 import shutil
@@ -24,26 +23,12 @@ from rapidgpt.models.generation import generate
 from rapidgpt.models.hf_files import read_safetensors, write_safetensors
 from rapidgpt.tokenizer import GPT2BPETokenizer
 
+from hf_conversion import conversion_fixtures
 from numpy_gpt import numpy_gpt_logits
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "hf_gpt2_tiny"
-_spec = importlib.util.spec_from_file_location("convert_hf_gpt2", ROOT / "data_tools" / "convert_hf_gpt2.py")
-convert = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(convert)
-
-
-@pytest.fixture(scope="module")
-def expected():
-    return dict(np.load(FIXTURE / "expected.npz"))
-
-
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    """The fixture converted to a RapidGPT checkpoint by the command-line tool."""
-    save = tmp_path_factory.mktemp("converted") / "ckpt"
-    assert convert.main(["--hf-dir", str(FIXTURE), "--save", str(save)]) == 0
-    return save
+convert, expected, converted = conversion_fixtures(FIXTURE, "convert_hf_gpt2")
 
 
 def params_of(model):

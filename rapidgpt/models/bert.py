@@ -34,15 +34,12 @@ from collections import OrderedDict
 import mindspore as ms
 from mindspore import nn, ops
 
-from rapidgpt.models.gpt import LanguageModelHead, stage_word_embeddings
+from rapidgpt.models.gpt import LanguageModelHead, LanguageModelStage, padded_vocab_size_of, stage_word_embeddings
 from rapidgpt.models.transformer import (LayerNorm, ParallelAttention, ParallelMLP, TransformerConfig,
                                          TransformerLayerBase, TransformerLayers)
 from rapidgpt.parallel.layers import ReplicatedEmbedding, ReplicatedLinear, _zeros, divide
-from rapidgpt.parallel.pipeline import stage_layer_range
 from rapidgpt.parallel.random import Dropout, ParamInit, graph_arange
-from rapidgpt.parallel.state import (get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
-                                     get_tensor_model_parallel_world_size)
-from rapidgpt.tokenizer import padded_vocab_size
+from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
 
 NUM_TOKENTYPES = 2
 
@@ -108,20 +105,13 @@ class BertLMHead(nn.Cell):
         return self.layernorm(ops.gelu(self.dense(x), approximate="none"))
 
 
-class BertModel(nn.Cell):
+class BertModel(LanguageModelStage):
     def __init__(self, config, vocab_size, padded_vocab_size, add_binary_head=True, add_lm_head=True,
                  pre_process=None, post_process=None):
-        super().__init__()
-        if padded_vocab_size < vocab_size:
-            raise ValueError(f"padded vocabulary {padded_vocab_size} smaller than vocabulary {vocab_size}")
-        pp_size, pp_rank = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
-        self.pre_process = pp_rank == 0 if pre_process is None else pre_process
-        self.post_process = pp_rank == pp_size - 1 if post_process is None else post_process
-        self.config = config = bert_config(config)
-        self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
+        config = bert_config(config)
+        super().__init__(config, vocab_size, padded_vocab_size, pre_process, post_process)
         self.add_binary_head, self.add_lm_head = add_binary_head, add_lm_head
         h, std = config.hidden_size, config.init_method_std
-        self.input_tensor = None
         if self.pre_process or (self.post_process and add_lm_head):
             self.word_embeddings = stage_word_embeddings(padded_vocab_size, vocab_size, h, std, self.pre_process,
                                                          tied_to_output=add_lm_head)
@@ -130,8 +120,7 @@ class BertModel(nn.Cell):
             self.tokentype_embeddings = ReplicatedEmbedding(NUM_TOKENTYPES, h, std)
             self.embedding_layernorm = LayerNorm((h,), epsilon=config.layernorm_epsilon)
             self.embedding_dropout = Dropout(config.hidden_dropout)
-        layers = stage_layer_range(config.num_layers, pp_size, pp_rank)
-        self.layers = TransformerLayers(OrderedDict((str(i), BertLayer(config)) for i in layers))
+        self.layers = TransformerLayers(OrderedDict((str(i), BertLayer(config)) for i in self.stage_layers))
         if self.post_process:
             self.pooler = ReplicatedLinear(h, h, init_std=std)
             if add_lm_head:
@@ -139,10 +128,6 @@ class BertModel(nn.Cell):
                 self.lm_output = LanguageModelHead(vocab_size, padded_vocab_size)
             if add_binary_head:
                 self.binary_head = ReplicatedLinear(h, 2, init_std=std)
-
-    def set_input_tensor(self, input_tensor):
-        """Megatron's contract: the input `[b, s, h]` of this (not first) stage's next forward."""
-        self.input_tensor = input_tensor
 
     def encode(self, input_ids, attention_mask, tokentype_ids=None):
         """This stage's output `[b, s, h]` (the last layer's, post-LayerNorm)."""
@@ -216,17 +201,13 @@ def bert_loss_func(loss_mask, sentence_order, output_tensor):
     return lm_loss + sop_loss, {"lm loss": lm_loss, "sop loss": sop_loss}
 
 
-def _padded(args, vocab_size):
-    return padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by, get_tensor_model_parallel_world_size())
-
-
 def build_bert_model(args, vocab_size, pre_process=None, post_process=None, add_lm_head=True):
     """The built-in BERT from the model flags (binary head unless --bert-no-binary-head)."""
-    return BertModel(TransformerConfig(args), vocab_size, _padded(args, vocab_size),
+    return BertModel(TransformerConfig(args), vocab_size, padded_vocab_size_of(args, vocab_size),
                      add_binary_head=args.bert_binary_head, add_lm_head=add_lm_head,
                      pre_process=pre_process, post_process=post_process)
 
 
 def build_bert_classifier(args, vocab_size):
     """The built-in BERT from the model flags with a classifier of `args.num_classes` classes."""
-    return BertSequenceClassifier(TransformerConfig(args), vocab_size, _padded(args, vocab_size), args.num_classes)
+    return BertSequenceClassifier(TransformerConfig(args), vocab_size, padded_vocab_size_of(args, vocab_size), args.num_classes)

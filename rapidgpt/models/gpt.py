@@ -43,39 +43,48 @@ def stage_word_embeddings(padded_vocab_size, vocab_size, hidden_size, init_std, 
     return embeddings
 
 
-class GPTModel(nn.Cell):
-    def __init__(self, config, vocab_size, padded_vocab_size, untie_embeddings_and_output_weights=False,
-                 pre_process=None, post_process=None):
+class LanguageModelStage(nn.Cell):
+    """What the built-in models (GPTModel, BertModel) share: `vocab_size` real rows of
+    `padded_vocab_size`, and the part of the model this rank's pipeline stage holds:
+    `pre_process` (the first stage: embeddings), `post_process` (the last: the heads; None: as this
+    rank's stage says), `stage_layers` (its layers' numbers)."""
+
+    def __init__(self, config, vocab_size, padded_vocab_size, pre_process=None, post_process=None):
         super().__init__()
         if padded_vocab_size < vocab_size:
             raise ValueError(f"padded vocabulary {padded_vocab_size} smaller than vocabulary {vocab_size}")
         pp_size, pp_rank = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
         self.pre_process = pp_rank == 0 if pre_process is None else pre_process
         self.post_process = pp_rank == pp_size - 1 if post_process is None else post_process
+        self.stage_layers = stage_layer_range(config.num_layers, pp_size, pp_rank)
         self.config = config
-        self.vocab_size = vocab_size
-        self.padded_vocab_size = padded_vocab_size
+        self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
+        self.input_tensor = None
+
+    def set_input_tensor(self, input_tensor):
+        """Megatron's contract: the input `[b, s, h]` of this (not first) stage's next forward (the
+        pipeline schedule sets it before each forward, rapidgpt/training/pipeline_schedules.py)."""
+        self.input_tensor = input_tensor
+
+
+class GPTModel(LanguageModelStage):
+    def __init__(self, config, vocab_size, padded_vocab_size, untie_embeddings_and_output_weights=False,
+                 pre_process=None, post_process=None):
+        super().__init__(config, vocab_size, padded_vocab_size, pre_process, post_process)
         h, std = config.hidden_size, config.init_method_std
         self.untied = untie_embeddings_and_output_weights
-        self.input_tensor = None
         if self.pre_process or (self.post_process and not self.untied):
             self.word_embeddings = stage_word_embeddings(padded_vocab_size, vocab_size, h, std, self.pre_process,
                                                          tied_to_output=not self.untied)
         if self.pre_process:
             self.position_embeddings = ReplicatedEmbedding(config.max_position_embeddings, h, std)
             self.embedding_dropout = Dropout(config.hidden_dropout)
-        layers = stage_layer_range(config.num_layers, pp_size, pp_rank)
-        self.layers = TransformerLayers(OrderedDict((str(i), ParallelTransformerLayer(config)) for i in layers))
+        self.layers = TransformerLayers(OrderedDict((str(i), ParallelTransformerLayer(config)) for i in self.stage_layers))
         if self.post_process:
             self.final_layernorm = LayerNorm((h,), epsilon=config.layernorm_epsilon)
             self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
                                                       drawn_rows=vocab_size) if self.untied else None)
             self.head = LanguageModelHead(vocab_size, padded_vocab_size)
-
-    def set_input_tensor(self, input_tensor):
-        """Megatron's contract: the input `[b, s, h]` of this (not first) stage's next forward (the
-        pipeline schedule sets it before each forward, rapidgpt/training/pipeline_schedules.py)."""
-        self.input_tensor = input_tensor
 
     def output_weight(self):
         layer = self.output_layer if self.untied else self.word_embeddings
@@ -179,10 +188,14 @@ def lm_loss_func(loss_mask, output_tensor):
     return (output_tensor * loss_mask).sum() / loss_mask.sum()
 
 
+def padded_vocab_size_of(args, vocab_size):
+    """The vocabulary rows a built-in model holds: `vocab_size` padded as
+    --make-vocab-size-divisible-by and the tensor-parallel size say."""
+    return padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by, get_tensor_model_parallel_world_size())
+
+
 def build_gpt_model(args, vocab_size, pre_process=None, post_process=None):
     """The built-in GPT from the model flags (`vocab_size`: the tokenizer's or --vocab-size); this
     rank's pipeline stage unless `pre_process`/`post_process` say otherwise."""
-    padded = padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by,
-                               get_tensor_model_parallel_world_size())
-    return GPTModel(TransformerConfig(args), vocab_size, padded, args.untie_embeddings_and_output_weights,
-                    pre_process, post_process)
+    return GPTModel(TransformerConfig(args), vocab_size, padded_vocab_size_of(args, vocab_size),
+                    args.untie_embeddings_and_output_weights, pre_process, post_process)

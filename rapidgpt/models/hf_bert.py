@@ -38,7 +38,7 @@ import os
 
 import numpy as np
 
-from rapidgpt.models.hf_files import CONFIG, HFConversionError, read_hf_weights
+from rapidgpt.models.hf_files import CONFIG, ConfigChecks, HFConversionError, read_hf_config, read_hf_weights
 
 VOCAB_TXT = "vocab.txt"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -89,17 +89,8 @@ def read_hf_folder(hf_dir):
 
 def flags_from_hf_config(config, where=CONFIG):
     """RapidGPT model flags for a BERT config.json dict; refuses what the built-in BERT cannot compute."""
-    def need(key):
-        if key not in config:
-            raise HFConversionError(f"{where}: no {key!r}; this is not a BERT config.json")
-        return config[key]
-
-    def refuse(key, value, why):
-        raise HFConversionError(f"{where}: {key}={value!r} is not supported ({why}); only standard BERT "
-                                f"models convert")
-
-    if config.get("model_type") != "bert":
-        raise HFConversionError(f"{where}: model_type {config.get('model_type')!r} is not 'bert'")
+    checks = ConfigChecks(config, where, "bert", "BERT")
+    refuse = checks.refuse
     if config.get("hidden_act", "gelu") != "gelu":
         refuse("hidden_act", config.get("hidden_act"), "RapidGPT's BERT uses the exact GELU, 'gelu'")
     if config.get("position_embedding_type", "absolute") != "absolute":
@@ -109,14 +100,9 @@ def flags_from_hf_config(config, where=CONFIG):
         refuse("type_vocab_size", config.get("type_vocab_size"), "RapidGPT's BERT has two token types")
     if config.get("is_decoder", False) or config.get("add_cross_attention", False):
         refuse("is_decoder", True, "RapidGPT's BERT is an encoder")
-    sizes = {key: need(key) for key in ("num_hidden_layers", "hidden_size", "num_attention_heads",
-                                        "intermediate_size", "max_position_embeddings", "vocab_size")}
-    for key, value in sizes.items():
-        if not isinstance(value, int) or value <= 0:
-            raise HFConversionError(f"{where}: {key}={value!r} must be a positive integer")
-    if sizes["hidden_size"] % sizes["num_attention_heads"]:
-        raise HFConversionError(f"{where}: hidden_size {sizes['hidden_size']} is not divisible by "
-                                f"num_attention_heads {sizes['num_attention_heads']}")
+    sizes = checks.sizes(("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                          "max_position_embeddings", "vocab_size"))
+    checks.divisible(sizes, "hidden_size", "num_attention_heads")
     return {"model_type": "bert", "num_layers": sizes["num_hidden_layers"], "hidden_size": sizes["hidden_size"],
             "num_attention_heads": sizes["num_attention_heads"], "ffn_hidden_size": sizes["intermediate_size"],
             "max_position_embeddings": sizes["max_position_embeddings"],
@@ -156,13 +142,7 @@ def tokenizer_flags(hf_dir):
 def hf_folder_model_flags(hf_dir):
     """The model flags a RapidGPT checkpoint records for the Hugging Face BERT folder `hf_dir`:
     its config.json's architecture, and its vocab.txt as the WordPiece tokenizer."""
-    where = os.path.join(hf_dir, CONFIG)
-    try:
-        with open(where) as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise HFConversionError(f"{where}: unreadable ({e})") from None
-    flags = flags_from_hf_config(config, where)
+    flags = flags_from_hf_config(*read_hf_config(hf_dir))
     model = {name: flags[name] for name in ("model_type", "num_layers", "hidden_size", "num_attention_heads",
                                             "ffn_hidden_size", "max_position_embeddings", "seq_length",
                                             "vocab_size", "layernorm_epsilon", "untie_embeddings_and_output_weights")}

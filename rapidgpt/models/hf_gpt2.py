@@ -36,7 +36,7 @@ import os
 
 import numpy as np
 
-from rapidgpt.models.hf_files import CONFIG, HFConversionError, read_hf_weights
+from rapidgpt.models.hf_files import CONFIG, ConfigChecks, HFConversionError, read_hf_config, read_hf_weights
 
 TOKENIZER_FILES = {"vocab_file": "vocab.json", "merge_file": "merges.txt"}
 EOD_TOKEN = "<|endoftext|>"
@@ -81,18 +81,8 @@ def read_hf_folder(hf_dir):
 def flags_from_hf_config(config, where=CONFIG):
     """RapidGPT model flags (argument names) for a GPT-2 config.json dict; refuses what the
     built-in GPT cannot compute. `where` names the file in messages."""
-    def need(key):
-        if key not in config:
-            raise HFConversionError(f"{where}: no {key!r}; this is not a GPT-2 config.json")
-        return config[key]
-
-    def refuse(key, value, why):
-        raise HFConversionError(f"{where}: {key}={value!r} is not supported ({why}); only standard "
-                                f"GPT-2 models convert")
-
-    if config.get("model_type") != "gpt2":
-        raise HFConversionError(f"{where}: model_type {config.get('model_type')!r} is not 'gpt2'; "
-                                f"only GPT-2 checkpoints convert")
+    checks = ConfigChecks(config, where, "gpt2", "GPT-2")
+    refuse = checks.refuse
     activation = config.get("activation_function", "gelu_new")
     if activation not in TANH_GELU:
         refuse("activation_function", activation, "RapidGPT's GPT uses the tanh GELU, gelu_new")
@@ -104,14 +94,9 @@ def flags_from_hf_config(config, where=CONFIG):
         refuse("add_cross_attention", True, "RapidGPT's GPT is decoder-only, without cross-attention")
     # reorder_and_upcast_attn only changes rounding under fp16 (RapidGPT's softmax already runs in
     # fp32): the same function, accepted.
-    hidden, heads = need("n_embd"), need("n_head")
-    sizes = {"n_layer": need("n_layer"), "n_embd": hidden, "n_head": heads,
-             "n_positions": need("n_positions"), "vocab_size": need("vocab_size")}
-    for key, value in sizes.items():
-        if not isinstance(value, int) or value <= 0:
-            raise HFConversionError(f"{where}: {key}={value!r} must be a positive integer")
-    if hidden % heads:
-        raise HFConversionError(f"{where}: n_embd {hidden} is not divisible by n_head {heads}")
+    sizes = checks.sizes(("n_layer", "n_embd", "n_head", "n_positions", "vocab_size"))
+    checks.divisible(sizes, "n_embd", "n_head")
+    hidden, heads = sizes["n_embd"], sizes["n_head"]
     ffn = config.get("n_inner") or 4 * hidden
     eps = config.get("layer_norm_epsilon", 1e-5)
     return {"num_layers": sizes["n_layer"], "hidden_size": hidden, "num_attention_heads": heads,
@@ -128,13 +113,7 @@ def hf_folder_model_flags(hf_dir):
     """The model flags a RapidGPT checkpoint records (architecture, sequence length, tokenizer) for
     the Hugging Face GPT-2 folder `hf_dir`: from its config.json, and its vocab.json + merges.txt
     as the GPT2BPETokenizer when both are there."""
-    where = os.path.join(hf_dir, CONFIG)
-    try:
-        with open(where) as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise HFConversionError(f"{where}: unreadable ({e})") from None
-    flags = flags_from_hf_config(config, where)
+    flags = flags_from_hf_config(*read_hf_config(hf_dir))
     model = {name: flags[name] for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                                             "max_position_embeddings", "seq_length", "vocab_size",
                                             "layernorm_epsilon", "untie_embeddings_and_output_weights")}

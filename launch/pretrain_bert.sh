@@ -11,8 +11,7 @@
 #   VOCAB_FILE   the vocab.txt the data was preprocessed with (BertWordPieceLowerCase)
 #   TENSORBOARD_DIR, RAPIDGPT, PYTHON (see launch/common.sh)
 # The black-box equivalent: rapidgpt --task pretraining --tokenizer-type BertWordPieceLowerCase ...
-# Pipeline and data parallelism, precision, recompute and ZeRO stages 1-2 as for GPT (launch/pretrain_gpt.sh);
-# tensor parallelism only with pipeline stages (--pipeline-model-parallel-size 2 or more).
+# Tensor, pipeline and data parallelism, precision, recompute and ZeRO as for GPT (launch/pretrain_gpt.sh).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 

@@ -2,8 +2,9 @@
 `rapidgpt --task pretraining --tokenizer-type BertWordPieceLowerCase ...` with Megatron's BERT log
 lines ("lm loss", "sop loss"), the checkpoint loaded by rapidgpt.load_pretrained; and the same run
 on TP=2 x PP=2 x DP=2 with ZeRO-2 (8 ranks: every parallel path in one run) printing the
-single-process run's values, and fp16 at DP=2 following the single-process fp16 run. (TP without
-pipeline stages is refused for BERT: rapidgpt/config/bert.py.)"""
+single-process run's values, and fp16 at TP=2 x DP=2 with ZeRO-3 and recompute (4 ranks: tensor
+parallelism without pipeline stages, whose post-LayerNorm layers feed a tensor-parallel copy's
+input to the residual too) following the single-process fp16 run."""
 import json
 import re
 import subprocess
@@ -87,9 +88,10 @@ def test_tp2_pp2_dp2_zero2_prints_the_single_process_run(bert_runs):
         assert ours == pytest.approx(expected, rel=1e-5, abs=printed), (name, ours, expected)
 
 
-def test_fp16_at_dp2_follows_the_single_process_fp16_run(bert_runs):
+def test_fp16_at_tp2_dp2_with_zero3_and_recompute_follows_the_single_process_fp16_run(bert_runs):
     reference, _, single_log = bert_runs(1, *FP16)
-    found, _, log = bert_runs(2, *FP16)
+    found, _, log = bert_runs(4, *FP16, "--tensor-model-parallel-size", "2", "--zero-3-memory-optimization",
+                              "--recompute-activations")
     assert skipped(log) == skipped(single_log)
     assert [name for name, _ in found] == [name for name, _ in reference]
     for (name, ours), (_, expected) in zip(found, reference):

@@ -53,15 +53,6 @@ def check_bert_args(args, check):
                       "--data-path: BERT pretraining needs a sentence-level corpus (data_tools/preprocess_data.py "
                       "--split-sentences makes one, e.g. corpus_text_sentence); the embedded demo corpus is "
                       "the GPT's")
-        check.require(args.tensor_model_parallel_size == 1 or args.pipeline_model_parallel_size > 1,
-                      f"--tensor-model-parallel-size {args.tensor_model_parallel_size}: BERT's tensor parallelism "
-                      f"works here only with --pipeline-model-parallel-size 2 or more (in the one-graph step, "
-                      f"MindSpore 2.10 gives its post-LayerNorm layers' tensor-parallel inputs the residual's "
-                      f"gradient twice); use data parallelism, or add pipeline stages")
-        check.require(not (args.zero_3_memory_optimization or args.fsdp_memory_optimization),
-                      "--zero-3-memory-optimization: not with BERT in this build (its small head layers' "
-                      "parameter gathers ran in different orders on the data-parallel ranks, which the CPU "
-                      "collectives cannot match); use --zero-2-memory-optimization or --zero-1-memory-optimization")
         check.require(not args.untie_embeddings_and_output_weights,
                       "--untie-embeddings-and-output-weights: BERT's masked-LM output is tied to its word "
                       "embeddings; remove the flag")

@@ -34,7 +34,12 @@ class _TensorParallelRegion(nn.Cell):
 
 class CopyToTensorParallelRegion(_TensorParallelRegion):
     def construct(self, x):
-        return x
+        # The identity, written so that MindSpore cannot fold it into x: returned as is (or as
+        # a no-op reshape/cast/identity), and with the dropout key's assign inside the
+        # differentiated function, MindSpore 2.10 handed this bprop the gradient of every use of
+        # x, e.g. also BERT's residual branch (input gradients summed over TP twice; measured).
+        # Only the bprop's gradient reaches x, so stop_gradient changes nothing else.
+        return ops.stop_gradient(x)
 
     def bprop(self, x, out, dout):
         return (self.all_reduce(dout),)

@@ -164,9 +164,8 @@ class ForwardBackwardNoPipelining(nn.Cell):
     def micro_batch(self, stacked, i, iteration, multiplier):
         """Micro-batch i's forward and backward. The dropout key's assign is inside the
         differentiated function (set outside it, MindSpore 2.10 found a cycle in the graph of a
-        16-bit ZeRO-3 step with recompute). With it inside, a tensor-parallel copy whose input also
-        feeds a residual branch (BERT's post-LayerNorm layers) received the residual's gradient too
-        (input gradients doubled at TP=2, measured): rapidgpt/config/bert.py refuses that layout."""
+        16-bit ZeRO-3 step with recompute). With it inside, an identity with a custom backward must
+        not be foldable into its input (rapidgpt/parallel/mappings.py, CopyToTensorParallelRegion)."""
         return self.grad_fn(select_micro_batch(stacked, i), multiplier,
                             micro_batch_dropout_key(iteration, i, self.dp_size, self.dp_rank))
 

@@ -22,6 +22,16 @@ wrong order), while a graph called from a recorded forward keeps its forward's a
 backward (each forward runs once, counted in tests/test_pipeline.py); custom backwards and
 recompute only work inside a graph. A whole 1F1B step cannot be one graph: its point-to-point
 exchanges must interleave with the neighbours' in the schedule's order.
+
+Compiled before the first exchange. MindSpore 2.10's CPU collectives and point-to-point receives
+give up after 30 s (measured: an irecv or AllReduce whose peer comes 50 s late fails with "Recv
+failed" / "Launch kernel failed" after 30 s; MS_RECEIVE_MSG_TIMEOUT does not change it, and a
+receive retried after that gets the wrong message). Compiled lazily, a stage's first receive
+would wait for its neighbours' compilations (all of the previous stages' forward, then the later
+stages' forward and backward), which on a loaded machine took longer (an 8-rank CI run failed so).
+So the first training step and the first evaluation first run micro-batch 0 through this stage
+alone (inputs of zeros from no neighbour, results dropped: `warm_up`), then meet at a barrier;
+the exchanges then only wait for computation.
 """
 import contextlib
 
@@ -91,6 +101,26 @@ class StageForward:
         return stage_output(output)
 
 
+def warm_up(run_forward, micro_batch, first, last, like, wrt=None):
+    """Compile this stage's pieces without its neighbours: micro-batch 0's forward on a zero
+    input (stages after the first; `like`: the activations' shape and dtype) and, with `wrt`
+    (training), its backward, results dropped; then a barrier of all ranks (see the module
+    docstring). No state changes: no gradient is accumulated and the caller sets the dropout key
+    and input tensor again before each real forward."""
+    received = None if first else ops.zeros_like(like)
+    if wrt is None:
+        run_forward(micro_batch, received)
+    else:
+        if received is not None:
+            received.requires_grad_()
+        with _recorded():
+            output = run_forward(micro_batch, received)
+            output = output[0] if last else output
+        _backward(output, ops.ones_like(output), wrt if first else tuple(wrt) + (received,))
+    ms.runtime.synchronize()
+    comm.barrier()
+
+
 class StatNames:
     """The names of the loss function's statistics (Megatron's loss dict), which only the last
     stage sees, told once to every stage so that all of them take part in summing the values over
@@ -152,12 +182,17 @@ class ForwardBackwardPipelining:
         self.pipeline_sum = comm.AllReduce(get_pipeline_model_parallel_group())
         self.stat_names = StatNames(self.last)
         self.timers = get_timers()
+        self.warmed_up = False
 
     def __call__(self, stacked, iteration, loss_scale):
         m, dp = self.m, self.dp_size
         multiplier = Tensor(loss_multiplier(loss_scale, m, dp), ms.float32)
         keys = [micro_batch_dropout_key(iteration, i, dp, self.dp_rank) for i in range(m)]
         batches = [select_micro_batch(stacked, i) for i in range(m)]
+        if not self.warmed_up:
+            set_dropout_key(keys[0])
+            warm_up(self.run_forward, batches[0], self.first, self.last, self.links.like, self.params)
+            self.warmed_up = True
         inputs, outputs, output_grads, input_grads = {}, {}, {}, {}
         grads, total, stats, names = None, None, None, []
 
@@ -274,8 +309,12 @@ class PipelineEvalStep:
         self.pipeline_sum = comm.AllReduce(get_pipeline_model_parallel_group())
         self.stat_names = StatNames(self.last)
         self.actions = forward_only(pp_size, stage, 1)
+        self.warmed_up = False
 
     def __call__(self, micro_batch):
+        if not self.warmed_up:
+            warm_up(self.run_forward, micro_batch, self.first, self.last, self.links.like)
+            self.warmed_up = True
         received, output = None, None
         for kind, _ in self.actions:
             if kind == "recv_forward":

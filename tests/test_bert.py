@@ -1,10 +1,11 @@
 """BERT end to end, as a user runs it: a corpus preprocessed with --split-sentences, black-box
 `rapidgpt --task pretraining --tokenizer-type BertWordPieceLowerCase ...` with Megatron's BERT log
 lines ("lm loss", "sop loss"), the checkpoint loaded by rapidgpt.load_pretrained; and the same run
-on TP=2 x PP=2 x DP=2 with ZeRO-2 (8 ranks: every parallel path in one run) printing the
-single-process run's values, and fp16 at TP=2 x DP=2 with ZeRO-3 and recompute (4 ranks: tensor
-parallelism without pipeline stages, whose post-LayerNorm layers feed a tensor-parallel copy's
-input to the residual too) following the single-process fp16 run."""
+on TP=2 x PP=2 printing the single-process run's values, and fp16 at TP=2 x DP=2 with ZeRO-3 and
+recompute (tensor parallelism without pipeline stages, whose post-LayerNorm layers feed a
+tensor-parallel copy's input to the residual too) following the single-process fp16 run: four
+ranks each, every parallel dimension in one of them. (ZeRO-2, the GPT's optimizer wrapper, is
+model-independent: tests/test_zero.py.)"""
 import json
 import re
 import subprocess
@@ -77,11 +78,10 @@ def test_black_box_pretraining_logs_megatrons_bert_lines_and_loads(bert_runs):
     assert lm_logits.shape == (1, 8, 200) and binary_logits.shape == (1, 2)
 
 
-def test_tp2_pp2_dp2_zero2_prints_the_single_process_run(bert_runs):
+def test_tp2_pp2_prints_the_single_process_run(bert_runs):
     reference, _, _ = bert_runs(1)
-    found, _, log = bert_runs(8, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-                              "--zero-2-memory-optimization")
-    assert "data-parallel size 2" in log or "DP=2" in log, log[:3000]
+    found, _, log = bert_runs(4, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2")
+    assert "TP=2" in log, log[:3000]
     assert [name for name, _ in found] == [name for name, _ in reference]
     for (name, ours), (_, expected) in zip(found, reference):
         printed = 1.5e-3 if name == "grad norm" else 0.0
@@ -92,6 +92,7 @@ def test_fp16_at_tp2_dp2_with_zero3_and_recompute_follows_the_single_process_fp1
     reference, _, single_log = bert_runs(1, *FP16)
     found, _, log = bert_runs(4, *FP16, "--tensor-model-parallel-size", "2", "--zero-3-memory-optimization",
                               "--recompute-activations")
+    assert "DP=2" in log, log[:3000]
     assert skipped(log) == skipped(single_log)
     assert [name for name, _ in found] == [name for name, _ in reference]
     for (name, ours), (_, expected) in zip(found, reference):

@@ -185,6 +185,9 @@ RECOMPUTE = {
     "full block 3": ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "3"],
     "selective": ["--recompute-activations"],
 }
+# The compiled step's --checkpoint-activations and --recompute-activations are also compared with
+# runs without recompute on TP=2 (tests/test_parallel.py) and pipeline stages (test_pipeline.py).
+COMPILED_ONLY_HERE = ("full uniform 2", "full block 3")
 
 
 @pytest.mark.parametrize("jit", [True, False])
@@ -192,6 +195,8 @@ def test_recompute_gives_bitwise_the_same_losses_and_grad_norms(capsys, jit):
     mode = [] if jit else ["--no-jit", "--train-iters", "2"]
     reference, _ = run(capsys, "--train-iters", "3", *mode, "--global-batch-size", "8")   # 2 micro-batches
     for name, flags in RECOMPUTE.items():
+        if jit and name not in COMPILED_ONLY_HERE:
+            continue
         lines, out = run(capsys, "--train-iters", "3", *mode, "--global-batch-size", "8", *flags)
         assert lines == reference, name
 

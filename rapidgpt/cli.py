@@ -93,14 +93,16 @@ def _run_or_launch(argv, args, run, before_launch=None):
     """`run()` here, or start the ranks when the flags ask for several processes (after
     `before_launch(args)`, the task's work to do once per node). A worker msrun started sets its
     device and joins the job before `run` does anything (MindSpore wants both before the first
-    tensor; the engine then finds them done)."""
+    tensor; the engine then finds them done), once per process: a process may run several command
+    lines one after another (`main(argv)` again), and MindSpore sets a device only once."""
     if launched_by_msrun():
         import mindspore as ms
 
         from rapidgpt.engine import MINDSPORE_DEVICE, select_device
         from rapidgpt.parallel import comm
         device = select_device(args.device)
-        ms.set_device(MINDSPORE_DEVICE[device])
+        if not comm.initialized():
+            ms.set_device(MINDSPORE_DEVICE[device])
         comm.init_distributed(device)
     elif args.nproc_per_node * args.nnodes != 1:
         from rapidgpt.launcher import launch

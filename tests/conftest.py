@@ -17,3 +17,31 @@ def demo_cache(tmp_path_factory):
         os.environ.pop("RAPIDGPT_CACHE_DIR", None)
     else:
         os.environ["RAPIDGPT_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session")
+def env(tmp_path_factory):
+    """The environment of the CLI runs the tests start: their own dataset cache, unbuffered output,
+    this interpreter's bin/ (msrun) first on PATH."""
+    return dict(os.environ, RAPIDGPT_CACHE_DIR=str(tmp_path_factory.mktemp("cache")), PYTHONUNBUFFERED="1",
+                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+
+@pytest.fixture(scope="session")
+def runs(env, tmp_path_factory, request):
+    """`runs(nproc, tp, *flags)`: tests/test_parallel.py's TINY run on that layout with `flags`,
+    saving every 6 iterations, done once per test session for every module that asks (a session
+    fixture lives here so that there is one), the TINY_RUNS of one size in one job
+    (tests/batched_runs.py) -> (its printed values, its --save folder, its log)."""
+    from batched_runs import BatchedRuns, declared_runs
+    from test_parallel import skipped, tiny_run, values
+    batched = BatchedRuns(env, tmp_path_factory.mktemp("tiny_runs"),
+                          [tiny_run(*key) for key in declared_runs(request, "TINY_RUNS")])
+
+    def run(nproc, tp, *flags):
+        status, log, save = batched(*tiny_run(nproc, tp, *flags))
+        assert status == 0, log[-3000:]
+        found = values(log)
+        assert len(found) == 2 * (12 - len(skipped(log))) + 3, log[-2000:]   # (loss, norm) per update, 3 validations
+        return found, save, log
+    return run

@@ -18,7 +18,8 @@ from mindspore import Tensor
 
 import rapidgpt
 from rapidgpt.data.demo_corpus import demo_documents
-from test_parallel import FP16, env, msrun, single, skipped  # noqa: F401  (env: a fixture)
+from batched_runs import BatchedRuns, declared_runs
+from test_parallel import FP16, skipped
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = REPO / "tests" / "fixtures" / "hf_bert_tiny" / "vocab.txt"
@@ -47,19 +48,26 @@ def corpus(tmp_path_factory, env):
     return str(folder / "corpus_text_sentence")
 
 
+TP2_PP2 = ("--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2")
+FP16_TP2_ZERO3_RECOMPUTE = (*FP16, "--tensor-model-parallel-size", "2", "--zero-3-memory-optimization",
+                            "--recompute-activations")
+NO_BINARY_HEAD = ("--bert-no-binary-head", "--train-iters", "4", "--eval-interval", "4")
+BERT_RUNS = [(1,), (4, *TP2_PP2), (1, *FP16), (4, *FP16_TP2_ZERO3_RECOMPUTE), (1, *NO_BINARY_HEAD)]
+
+
 @pytest.fixture(scope="module")
-def bert_runs(corpus, env, tmp_path_factory):
-    done = {}
+def bert_runs(corpus, env, tmp_path_factory, request):
+    """`bert_runs(nproc, *flags)`: the BERT run with `flags`, once per module, the BERT_RUNS of one
+    size in one job (tests/batched_runs.py) -> (its printed values, its --save folder, its log)."""
+    def argv(nproc, *flags):
+        return nproc, BERT + ["--data-path", corpus, *flags]
+    batched = BatchedRuns(env, tmp_path_factory.mktemp("bert_runs"),
+                          [argv(*key) for key in declared_runs(request, "BERT_RUNS")], seconds_per_run=400)
 
     def run(nproc, *flags):
-        if (nproc,) + flags not in done:
-            folder = tmp_path_factory.mktemp(f"bert_{nproc}")
-            args = BERT + ["--data-path", corpus, "--save", str(folder / "ckpt")] + list(flags)
-            status, log = single(args, env) if nproc == 1 else msrun(nproc, ["rapidgpt/cli.py"] + args,
-                                                                     folder / "logs", env, timeout=600)
-            assert status == 0, log[-3000:]
-            done[(nproc,) + flags] = [(n, float(v)) for n, v in VALUES.findall(log)], folder / "ckpt", log
-        return done[(nproc,) + flags]
+        status, log, save = batched(*argv(nproc, *flags))
+        assert status == 0, log[-3000:]
+        return [(n, float(v)) for n, v in VALUES.findall(log)], save, log
     return run
 
 
@@ -80,7 +88,7 @@ def test_black_box_pretraining_logs_megatrons_bert_lines_and_loads(bert_runs):
 
 def test_tp2_pp2_prints_the_single_process_run(bert_runs):
     reference, _, _ = bert_runs(1)
-    found, _, log = bert_runs(4, "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2")
+    found, _, log = bert_runs(4, *TP2_PP2)
     assert "TP=2" in log, log[:3000]
     assert [name for name, _ in found] == [name for name, _ in reference]
     for (name, ours), (_, expected) in zip(found, reference):
@@ -90,8 +98,7 @@ def test_tp2_pp2_prints_the_single_process_run(bert_runs):
 
 def test_fp16_at_tp2_dp2_with_zero3_and_recompute_follows_the_single_process_fp16_run(bert_runs):
     reference, _, single_log = bert_runs(1, *FP16)
-    found, _, log = bert_runs(4, *FP16, "--tensor-model-parallel-size", "2", "--zero-3-memory-optimization",
-                              "--recompute-activations")
+    found, _, log = bert_runs(4, *FP16_TP2_ZERO3_RECOMPUTE)
     assert "DP=2" in log, log[:3000]
     assert skipped(log) == skipped(single_log)
     assert [name for name, _ in found] == [name for name, _ in reference]
@@ -100,7 +107,7 @@ def test_fp16_at_tp2_dp2_with_zero3_and_recompute_follows_the_single_process_fp1
 
 
 def test_without_the_binary_head_only_the_masked_lm_loss_is_trained_and_logged(bert_runs):
-    found, ckpt, log = bert_runs(1, "--bert-no-binary-head", "--train-iters", "4", "--eval-interval", "4")
+    found, ckpt, log = bert_runs(1, *NO_BINARY_HEAD)
     lines = [line for line in log.splitlines() if line.startswith(" iteration")]
     assert len(lines) == 4 and all("| lm loss: " in line and "sop loss" not in line for line in lines), lines[:1]
     model = rapidgpt.load_pretrained(str(ckpt))

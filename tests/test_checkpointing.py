@@ -34,6 +34,20 @@ def run(capsys, *argv):
     return {int(m.group(1)): (m.group(2), m.group(3)) for m in LOSS_LINE.finditer(out)}, out
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A --save folder holding checkpoints 2 and 4 of a 4-iteration run, trained once for the tests
+    that damage, load or evaluate a checkpoint: each takes its own copy (`copy_of`)."""
+    save = tmp_path_factory.mktemp("trained") / "ckpt"
+    assert pretrain_main(TINY + ["--train-iters", "4", "--save", str(save), "--save-interval", "2"]) == 0
+    return save
+
+
+def copy_of(trained, tmp_path):
+    shutil.copytree(trained, tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
 def test_resume_continues_the_uninterrupted_run_exactly(tmp_path, capsys):
     full, _ = run(capsys, "--train-iters", "8", "--seed", "3")
     save = str(tmp_path / "ckpt")
@@ -58,9 +72,8 @@ def test_layout_metadata_and_pruning(tmp_path, capsys):
     assert (save / "iter_0000006" / "mp_rank_00" / "model_optim_rng.safetensors").is_file()
 
 
-def test_checkpoint_args_are_used_and_contradictions_refused(tmp_path, capsys):
-    save = str(tmp_path / "ckpt")
-    run(capsys, "--train-iters", "2", "--save", save)
+def test_checkpoint_args_are_used_and_contradictions_refused(trained):
+    save = str(trained)
     parser = build_parser()
     argv = ["--load", save, "--hidden-size", "64"]
     args = parser.parse_args(argv)
@@ -73,9 +86,8 @@ def test_checkpoint_args_are_used_and_contradictions_refused(tmp_path, capsys):
     assert (args.num_layers, args.hidden_size, args.seq_length) == (2, 32, 16)
 
 
-def test_partial_latest_falls_back_with_a_warning(tmp_path, capsys):
-    save = tmp_path / "ckpt"
-    run(capsys, "--train-iters", "4", "--save", str(save), "--save-interval", "2")
+def test_partial_latest_falls_back_with_a_warning(trained, tmp_path, capsys):
+    save = copy_of(trained, tmp_path)
     weights = save / "iter_0000004" / "mp_rank_00" / "model_optim_rng.ckpt"
     os.chmod(weights, 0o600)
     weights.write_bytes(b"")                                        # a torn write
@@ -87,11 +99,11 @@ def test_partial_latest_falls_back_with_a_warning(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_a_corrupt_file_in_latest_falls_back_naming_the_file(tmp_path, capsys, damage):
+def test_a_corrupt_file_in_latest_falls_back_naming_the_file(trained, tmp_path, capsys, damage):
     """Every file's size and CRC-32 are in metadata.json: a truncated or bit-flipped file is found
-    on load, and the newest checkpoint that verifies is used instead."""
-    save = tmp_path / "ckpt"
-    run(capsys, "--train-iters", "4", "--save", str(save), "--save-interval", "2")
+    on load, and the newest checkpoint that verifies is used instead (evaluated: the training that
+    follows a fallback is test_partial_latest_falls_back_with_a_warning's)."""
+    save = copy_of(trained, tmp_path)
     meta = json.loads((save / "iter_0000004" / "metadata.json").read_text())
     assert set(meta["files"]) == {"mp_rank_00/model_optim_rng.ckpt", "mp_rank_00/state.json", "vocab.json",
                                   "merges.txt"}
@@ -106,10 +118,10 @@ def test_a_corrupt_file_in_latest_falls_back_naming_the_file(tmp_path, capsys, d
     problem = checkpoint_problem(str(save / "iter_0000004"), verify_contents=True)
     assert "mp_rank_00/model_optim_rng.ckpt" in problem
     assert ("truncated" if damage == "truncate" else "corrupt") in problem
-    _, out = run(capsys, "--train-iters", "4", "--load", str(save))
+    _, out = run(capsys, "--train-iters", "4", "--load", str(save), "--skip-train")
     assert "mp_rank_00/model_optim_rng.ckpt" in out and "falling back to the newest checkpoint that verifies, " \
                                                          "iteration 2" in out
-    assert " iteration        3/" in out
+    assert f"loaded checkpoint from {save} at iteration 2" in out
 
 
 def test_checkpoint_carries_its_tokenizer_and_works_from_anywhere(tmp_path, capsys, monkeypatch):
@@ -159,32 +171,28 @@ def test_empty_load_starts_from_scratch_but_skip_train_needs_a_checkpoint(tmp_pa
         pretrain_main(TINY + ["--train-iters", "2", "--load", str(tmp_path / "empty"), "--skip-train"])
 
 
-def test_changed_schedule_needs_the_override_flag(tmp_path):
-    save = str(tmp_path / "ckpt")
-    subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + TINY + ["--train-iters", "2", "--save", save],
-                   check=True, capture_output=True)
-    out = subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + TINY + ["--train-iters", "4", "--lr", "2e-3",
+def test_changed_schedule_needs_the_override_flag(trained, tmp_path):
+    save = str(copy_of(trained, tmp_path))
+    out = subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + TINY + ["--train-iters", "8", "--lr", "2e-3",
                                                                            "--load", save], capture_output=True, text=True)
     assert out.returncode == 1 and "Traceback" not in out.stderr
     error = [line for line in out.stderr.splitlines() if line.startswith("rapidgpt: error:")]
     assert len(error) == 1 and "--load" in error[0]
     assert "--lr: this run 0.002, checkpoint 0.001" in error[0]
     assert "decay length in samples (--lr-decay-iters, default --train-iters, x --global-batch-size; or " \
-           "--lr-decay-samples): this run 16, checkpoint 8" in error[0]
+           "--lr-decay-samples): this run 32, checkpoint 16" in error[0]
     assert "--override-opt_param-scheduler" in error[0] and "--use-checkpoint-opt_param-scheduler" in error[0]
     resumed = subprocess.run([sys.executable, "-m", "rapidgpt.cli"] + TINY + [
-        "--train-iters", "4", "--lr", "2e-3", "--load", save, "--use-checkpoint-opt_param-scheduler"],
+        "--train-iters", "8", "--lr", "2e-3", "--load", save, "--use-checkpoint-opt_param-scheduler"],
         capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
-    # the checkpoint's schedule decays over 2 iterations to --min-lr 0: iteration 3 runs at 0, and says so
+    # the checkpoint's schedule decays over 4 iterations to --min-lr 0: iteration 5 runs at 0, and says so
     assert "the LR schedule has finished decaying at this checkpoint" in resumed.stdout
-    assert re.search(r" iteration +3/ +4 \|.*learning rate: 0\.000000E\+00", resumed.stdout)
+    assert re.search(r" iteration +5/ +8 \|.*learning rate: 0\.000000E\+00", resumed.stdout)
 
 
-def test_skip_train_evaluates_the_checkpoint(tmp_path, capsys):
-    save = str(tmp_path / "ckpt")
-    run(capsys, "--train-iters", "4", "--save", save)
-    lines, out = run(capsys, "--train-iters", "4", "--load", save, "--skip-train")
+def test_skip_train_evaluates_the_checkpoint(trained, capsys):
+    lines, out = run(capsys, "--train-iters", "4", "--load", str(trained), "--skip-train")
     assert lines == {} and "validation loss at the end of training for val data" in out
 
 
@@ -230,22 +238,21 @@ def read_latest_safe(save):
 
 
 @pytest.mark.parametrize("failing", ["state.json", "weights"])
-def test_full_disk_during_save_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch, failing):
+def test_full_disk_during_save_keeps_the_previous_checkpoint(trained, tmp_path, monkeypatch, failing):
     """The disk fills while writing state.json (an OSError) or the weights (safetensors' writer
     raises its own error type, not an OSError)."""
     import errno
     from rapidgpt.training import checkpointing
-    save = str(tmp_path / "ckpt")
-    run(capsys, "--train-iters", "2", "--save", save)
+    save = str(copy_of(trained, tmp_path))
     real_write, real_save = checkpointing.write_json, checkpointing.ms.save_checkpoint
 
     def full_disk(path, payload):
-        if "iter_0000004" in path:
+        if "iter_0000006" in path:
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(path, payload)
 
     def full_disk_weights(params, path, **kwargs):
-        if "iter_0000004" in path:
+        if "iter_0000006" in path:
             raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
                                'message: "No space left on device" })')
         real_save(params, path, **kwargs)
@@ -255,17 +262,16 @@ def test_full_disk_during_save_keeps_the_previous_checkpoint(tmp_path, capsys, m
     else:
         monkeypatch.setattr(checkpointing.ms, "save_checkpoint", full_disk_weights)
     with pytest.raises(checkpointing.CheckpointError,
-                       match=r"could not save checkpoint 4 under --save .*: the disk is full; the last complete "
-                             r"checkpoint \(iteration 2\) is intact"):
-        pretrain_main(TINY + ["--train-iters", "4", "--load", save, "--save", save, "--override-opt_param-scheduler"])
-    assert read_latest_safe(save) == 2 and checkpoint_problem(iteration_dir(save, 2)) is None
-    assert sorted(os.listdir(save)) == ["iter_0000002", LATEST]            # no partial directory left
+                       match=r"could not save checkpoint 6 under --save .*: the disk is full; the last complete "
+                             r"checkpoint \(iteration 4\) is intact"):
+        pretrain_main(TINY + ["--train-iters", "6", "--load", save, "--save", save, "--override-opt_param-scheduler"])
+    assert read_latest_safe(save) == 4 and checkpoint_problem(iteration_dir(save, 4)) is None
+    assert sorted(os.listdir(save)) == ["iter_0000002", "iter_0000004", LATEST]     # no partial directory left
 
 
-def test_text_generation_task_from_a_checkpoint(tmp_path, capsys):
+def test_text_generation_task_from_a_checkpoint(trained, tmp_path, capsys):
     from rapidgpt.tasks.text_generation import main as generate_main
-    save = str(tmp_path / "ckpt")
-    run(capsys, "--train-iters", "2", "--save", save)
+    save = str(trained)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The assert statement\nClasses\n")
     assert generate_main(["--load", save, "--prompts-file", str(prompts), "--max-new-tokens", "5",

@@ -391,19 +391,21 @@ def test_finetune_from_a_pretrained_gpt_keeps_the_best_epoch(finetuned):
     assert re.search(r"test at the end of training \(iteration 24\) \| accuracy: [\d.]+ \| f1: [\d.]+ \|", out), out
 
 
-def test_finetuning_resumes_mid_epoch_exactly(tmp_path, pretrained, data):
-    full, full_validations, _ = classify(pretrained, data, "--epochs", "2")
+def test_finetuning_resumes_mid_epoch_exactly(tmp_path, finetuned, pretrained, data):
+    """Stopped at iteration 5 (epoch 1 of 3, 8 iterations each) and resumed: the uninterrupted run is
+    the `finetuned` one (its --save-interval and test set change no number)."""
+    _, _, (full, full_validations, _) = finetuned
     save = str(tmp_path / "finetuned")
-    first, _, out = classify(pretrained, data, "--epochs", "2", "--load", save, "--save", save,
+    first, _, out = classify(pretrained, data, "--epochs", "3", "--load", save, "--save", save,
                              "--exit-interval", "5")
     assert "no checkpoint under --load" in out and "starting from --pretrained-checkpoint" in out
-    resumed, validations, out = classify(pretrained, data, "--epochs", "2", "--load", save,
+    resumed, validations, out = classify(pretrained, data, "--epochs", "3", "--load", save,
                                          "--save", save)
     assert f"loaded checkpoint from {save} at iteration 5" in out and "--pretrained-checkpoint" not in out
-    assert sorted(first) == [1, 2, 3, 4, 5] and sorted(resumed) == list(range(6, 17))
+    assert sorted(first) == [1, 2, 3, 4, 5] and sorted(resumed) == list(range(6, 25))
     assert {i: full[i] for i in range(1, 6)} == first
-    assert {i: full[i] for i in range(6, 17)} == resumed                 # loss and grad norm, to the digit
-    assert validations == full_validations and sorted(validations) == [8, 16]
+    assert {i: full[i] for i in range(6, 25)} == resumed                 # loss and grad norm, to the digit
+    assert validations == full_validations and sorted(validations) == [8, 16, 24]
 
 
 def test_fp16_finetuning_with_recompute_and_zero_3_learns_as_fp32_does(pretrained, data):

@@ -1,8 +1,8 @@
 """Mixed precision (fp16 with Megatron's loss scaler), its checkpoints, and activation recompute,
 in one process. Multi-rank equivalence: tests/test_parallel.py."""
 import math
-import os
 import re
+import shutil
 
 import mindspore as ms
 import numpy as np
@@ -155,9 +155,10 @@ def test_fp16_from_2_pow_32_skips_as_the_rule_predicts_then_trains_like_fp32(cap
 def test_fp16_resumes_exactly_and_its_checkpoints_are_precision_free(tmp_path, capsys):
     args = ["--train-iters", "24", "--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3",
             "--lr-decay-iters", "40"]
-    full, _ = run(capsys, *args)
-    save = str(tmp_path / "ckpt")
-    run(capsys, *args, "--save", save, "--save-interval", "6", "--exit-interval", "12")
+    full, _ = run(capsys, *args, "--save", str(tmp_path / "full"), "--save-interval", "6")
+    save = str(tmp_path / "ckpt")            # the full run's checkpoint 12 alone: the run resumes from it
+    shutil.copytree(tmp_path / "full" / "iter_0000012", tmp_path / "ckpt" / "iter_0000012")
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("12")
     resumed, _ = run(capsys, *args, "--load", save, "--save", save)
     assert {i: full[i] for i in range(13, 25)} == resumed          # loss, scale, grad norm, to the digit
     assert len({line[1] for line in full.values()}) > 2            # the scale moved (grew) on the way
@@ -192,12 +193,12 @@ COMPILED_ONLY_HERE = ("full uniform 2", "full block 3")
 
 @pytest.mark.parametrize("jit", [True, False])
 def test_recompute_gives_bitwise_the_same_losses_and_grad_norms(capsys, jit):
-    mode = [] if jit else ["--no-jit", "--train-iters", "2"]
-    reference, _ = run(capsys, "--train-iters", "3", *mode, "--global-batch-size", "8")   # 2 micro-batches
+    mode = ["--train-iters", "3", "--global-batch-size", "8"] if jit else ["--no-jit", "--train-iters", "2"]
+    reference, _ = run(capsys, *mode)         # 4 micro-batches compiled, 2 eager
     for name, flags in RECOMPUTE.items():
         if jit and name not in COMPILED_ONLY_HERE:
             continue
-        lines, out = run(capsys, "--train-iters", "3", *mode, "--global-batch-size", "8", *flags)
+        lines, out = run(capsys, *mode, *flags)
         assert lines == reference, name
 
 

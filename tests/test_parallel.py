@@ -28,11 +28,11 @@ import numpy as np
 import psutil
 import pytest
 
+from batched_runs import BatchedRuns, msrun
 from rapidgpt.training.checkpoint_files import checkpoint_problem, find_checkpoint
 from rapidgpt.training.checkpointing import gathered_tensors
 
 REPO = Path(__file__).resolve().parent.parent
-BIN = str(Path(sys.executable).parent)
 HEADS = 4
 TINY = ["--task", "pretraining", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", str(HEADS),
         "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",
@@ -43,22 +43,6 @@ VALUES = re.compile(r"((?:lm )?loss(?: value)?|grad norm): ([\d.E+-]+)")      # 
 FP16 = ("--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3")
 SCALES = re.compile(r" iteration\s+(\d+)/.*?\| loss scale: ([\d.]+) \|.*?number of skipped iterations:\s+(\d+)")
 ACCURACY = re.compile(r"validation at epoch \d+ \(iteration \d+\) \| accuracy: ([0-9.]+)")
-
-
-@pytest.fixture(scope="session")
-def env(tmp_path_factory):
-    return dict(os.environ, RAPIDGPT_CACHE_DIR=str(tmp_path_factory.mktemp("cache")), PYTHONUNBUFFERED="1",
-                PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
-
-
-def msrun(nproc, script_and_args, log_dir, env, timeout=300):
-    """Run `python script args` on `nproc` ranks; returns (exit status, rank 0's log)."""
-    port = 20000 + os.getpid() % 20000
-    command = ["msrun", "--worker_num", str(nproc), "--local_worker_num", str(nproc), "--master_port", str(port),
-               "--log_dir", str(log_dir), "--join", "True", "--cluster_time_out", "240"] + script_and_args
-    proc = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    log = Path(log_dir, "worker_0.log")
-    return proc.returncode, log.read_text() if log.exists() else proc.stdout + proc.stderr
 
 
 def values(text):
@@ -72,28 +56,16 @@ def assert_same_run(found, reference):
         assert ours == pytest.approx(expected, rel=1e-5, abs=printed), (name, ours, expected)
 
 
-@pytest.fixture(scope="session")
-def runs(env, tmp_path_factory):
-    """`runs(nproc, tp, *flags)`: the TINY run on that layout with `flags`, saving every 6
-    iterations, done once per test session (tests/test_zero.py shares them) -> (its printed
-    values, its --save folder, its log)."""
-    done = {}
+# The runs of the `runs` fixture this module's tests ask for (tests/test_zero.py declares its own).
+TINY_RUNS = [(1, 1), (2, 2), (2, 1), (4, 2), (1, 1, *FP16), (2, 1, *FP16), (2, 2, "--checkpoint-activations"),
+             (2, 2, "--recompute-activations")]
 
-    def run(nproc, tp, *flags):
-        if (nproc, tp) + flags not in done:
-            folder = tmp_path_factory.mktemp(f"run_{nproc}x{tp}")
-            args = TINY + ["--save", str(folder / "ckpt"), "--save-interval", "6"] + list(flags)
-            if nproc == 1:
-                status, log = single(args, env)
-            else:
-                status, log = msrun(nproc, ["rapidgpt/cli.py"] + args + ["--tensor-model-parallel-size", str(tp)],
-                                    folder / "logs", env)
-            assert status == 0, log[-3000:]
-            found = values(log)
-            assert len(found) == 2 * (12 - len(skipped(log))) + 3, log[-2000:]   # (loss, norm) per update, 3 validations
-            done[(nproc, tp) + flags] = found, folder / "ckpt", log
-        return done[(nproc, tp) + flags]
-    return run
+
+def tiny_run(nproc, tp, *flags):
+    """`(nproc, argv)` of the TINY run on `nproc` processes at TP=`tp` with `flags`, saving every 6
+    iterations (the `runs` fixture adds --save)."""
+    return nproc, TINY + ["--save-interval", "6", *flags] + (["--tensor-model-parallel-size", str(tp)] if nproc > 1
+                                                              else [])
 
 
 def skipped(log):
@@ -231,25 +203,43 @@ def test_convert_checkpoint_changes_the_tensor_parallel_size(runs, env, tmp_path
     assert_same_pieces(save, tmp_path / "tp2", ("mp_rank_00", "mp_rank_01"))     # TP 2 -> 1 -> 2
 
 
-def test_any_model_gets_data_parallelism_and_tensor_parallelism_needs_its_layers(env, tmp_path):
-    """A Finetuner's own nn.Cell on DP=2, plain and with ZeRO-2 (its gradients and Adam state
-    sharded); tensor parallelism, which needs RapidGPT's layers, refuses it (as ZeRO-3 does:
-    tests/test_zero.py)."""
-    flags = ["--user-script", "tests/distributed/mlp_finetuner.py", "--micro-batch-size", "8",
-             "--global-batch-size", "16", "--epochs", "2", "--lr", "1e-2", "--log-interval", "1", "--no-progress-bar"]
-    status, log = single(flags, env)
-    assert status == 0, log[-3000:]
-    reference = values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)]
-    assert len(reference) == 2 * 16 + 2
-    for name, extra in (("dp2", []), ("dp2-zero2", ["--zero-2-memory-optimization"])):
-        status, log = msrun(2, ["rapidgpt/cli.py"] + flags + extra, tmp_path / name, env)
+MLP = ["--user-script", "tests/distributed/mlp_finetuner.py", "--micro-batch-size", "8", "--global-batch-size", "16",
+       "--epochs", "2", "--lr", "1e-2", "--log-interval", "1", "--no-progress-bar"]
+NO_GATHER = ("--no-gather-metrics",)
+
+
+@pytest.fixture(scope="module")
+def mlp_runs(env, tmp_path_factory):
+    """A Finetuner's own nn.Cell (tests/distributed/mlp_finetuner.py) in one process and on DP=2
+    (with --no-gather-metrics, and gathered with ZeRO-2), the two DP=2 runs in one job:
+    `mlp_runs(nproc, *flags) -> (log, its values and accuracies, its --save folder)`."""
+    batched = BatchedRuns(env, tmp_path_factory.mktemp("mlp_runs"),
+                          [(2, MLP + list(NO_GATHER)), (2, MLP + ["--zero-2-memory-optimization"])])
+
+    def run(nproc, *flags):
+        status, log, save = batched(nproc, MLP + list(flags))
         assert status == 0, log[-3000:]
-        assert ("ZeRO stage 2" in log) == bool(extra)
-        assert_same_run(values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)], reference)
-    status, log = msrun(2, ["rapidgpt/cli.py"] + flags + ["--tensor-model-parallel-size", "2"], tmp_path / "tp2", env)
+        return log, values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)], save
+    return run
+
+
+def test_any_model_gets_data_parallelism_and_tensor_parallelism_needs_its_layers(mlp_runs, env, tmp_path):
+    """The user's cell on DP=2, plain and with ZeRO-2 (its gradients and Adam state sharded), prints
+    the single-process losses and accuracies; tensor parallelism, which needs RapidGPT's layers,
+    refuses it (as ZeRO-3 does: tests/test_zero.py). (The reference does not gather its metrics:
+    in one process that changes nothing.)"""
+    _, reference, _ = mlp_runs(1, *NO_GATHER)
+    assert len(reference) == 2 * 16 + 2
+    log, found, _ = mlp_runs(2, "--zero-2-memory-optimization")
+    assert "ZeRO stage 2" in log
+    assert_same_run(found, reference)
+    log, found, _ = mlp_runs(2, *NO_GATHER)
+    assert "ZeRO stage 0" in log
+    assert_same_run(found, reference)                 # its accuracies combined over the ranks: the next test
+    status, log = single(MLP + ["--tensor-model-parallel-size", "2", "--nproc-per-node", "2",    # the launcher:
+                                "--log-dir", str(tmp_path)], env)            # it stops the job when a rank fails
     assert status != 0
     assert "--tensor-model-parallel-size 2: the model (SequentialCell) has no tensor-parallel layers" in log
-
 
 
 @pytest.mark.parametrize("target", ["launcher", "rank 1"])
@@ -318,25 +308,20 @@ def test_finetuner_user_script_on_tp2_x_dp2_reproduces_the_single_process_run(en
     assert_same_run(values(log) + [("accuracy", float(a)) for a in ACCURACY.findall(log)], reference)
 
 
-def test_metrics_a_finetuner_forgot_to_gather_are_combined_over_data_parallel_ranks(env, tmp_path):
+def test_metrics_a_finetuner_forgot_to_gather_are_combined_over_data_parallel_ranks(mlp_runs):
     """run_compute_metrics without self.gather: on DP=2 each rank scores its own share of the 40
     validation samples (24 and 16). The run warns once, then reports, and keeps best/ by, the
     ranks' sample-weighted mean: for accuracy, the single-process run's value."""
-    flags = ["--user-script", "tests/distributed/mlp_finetuner.py", "--micro-batch-size", "8",
-             "--global-batch-size", "16", "--epochs", "2", "--lr", "1e-2", "--log-interval", "1", "--no-progress-bar",
-             "--no-gather-metrics"]
-    status, log = single(flags, env)
-    assert status == 0 and "different values" not in log, log[-3000:]
-    reference = [float(a) for a in ACCURACY.findall(log)]
+    log, found, _ = mlp_runs(1, *NO_GATHER)
+    assert "different values" not in log
+    reference = [value for name, value in found if name == "accuracy"]
     assert len(reference) == 2
-    save = tmp_path / "ckpt"
-    status, log = msrun(2, ["rapidgpt/cli.py"] + flags + ["--save", str(save)], tmp_path / "dp2", env)
-    assert status == 0, log[-3000:]
+    log, found, save = mlp_runs(2, *NO_GATHER)
     warning = re.findall(r"WARNING: run_compute_metrics returned different values on the data-parallel ranks "
                          r"\((.*?); samples evaluated: rank 0 24, rank 1 16\)", log)
     assert len(warning) == 1 and "accuracy: rank 0 " in warning[0], log[-3000:]
     assert "gather predictions/labels with self.gather(...) before computing metrics" in log
-    accuracies = [float(a) for a in ACCURACY.findall(log)]
+    accuracies = [value for name, value in found if name == "accuracy"]
     assert accuracies == pytest.approx(reference, abs=1e-6)
     best = json.loads(Path(find_checkpoint(str(save / "best")), "metadata.json").read_text())["best"]
     assert best["value"] == pytest.approx(max(reference), abs=1e-6)

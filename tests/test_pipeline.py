@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
+from batched_runs import BatchedRuns, declared_runs
 from rapidgpt.config.precision import PrecisionConfig
 from rapidgpt.config.recompute import RecomputeConfig
 from rapidgpt.parallel.pipeline import forward_only, one_f_one_b, stage_layer_range
@@ -22,9 +23,8 @@ from rapidgpt.tokenizer import padded_vocab_size
 from rapidgpt.training.checkpointing import gathered_tensors
 from rapidgpt.training.model_transforms import ModelTransformError, prepare_model
 from rapidgpt.training.pipeline_schedules import StageForward, _backward, _recorded
-from test_parallel import (FP16, SCALES, TINY, assert_same_pieces, assert_same_run, assert_same_weights,  # noqa: F401
-                           checkpoint_of, convert_checkpoint, env, msrun, single, skipped,  # (env: a fixture)
-                           values)
+from test_parallel import (FP16, SCALES, TINY, assert_same_pieces, assert_same_run, assert_same_weights,
+                           checkpoint_of, convert_checkpoint, msrun, single, skipped, values)
 
 UP = {"recv_forward": "F", "send_backward": "B", "send_backward_recv_forward": "FB"}
 DOWN = {"send_forward": "F", "recv_backward": "B", "send_forward_recv_backward": "FB"}
@@ -81,23 +81,26 @@ PP2 = ("--pipeline-model-parallel-size", "2")
 PP2_TP2 = (*PP2, "--tensor-model-parallel-size", "2")
 
 
+ONE_MICRO_BATCH = ("--global-batch-size", "2")
+PIPELINE_RUNS = [(1,), (2, *PP2), (4, "--pipeline-model-parallel-size", "4"), (4, *PP2), (4, *PP2_TP2),
+                 (1, *ONE_MICRO_BATCH), (2, *PP2, *ONE_MICRO_BATCH), (1, *FP16), (2, *PP2, *FP16),
+                 (2, *PP2, "--recompute-activations"), (2, *PP2, "--checkpoint-activations")]
+
+
 @pytest.fixture(scope="module")
-def pipeline_runs(env, tmp_path_factory):
+def pipeline_runs(env, tmp_path_factory, request):
     """`pipeline_runs(nproc, *flags)`: the 4-layer tiny run, saving every 6 iterations, once per
-    module -> (its printed values, its --save folder, its log)."""
-    done = {}
+    module, the PIPELINE_RUNS of one size in one job (tests/batched_runs.py) -> (its printed
+    values, its --save folder, its log)."""
+    def argv(nproc, *flags):
+        return nproc, FOUR_LAYERS + ["--save-interval", "6", *flags]
+    batched = BatchedRuns(env, tmp_path_factory.mktemp("pipeline_runs"),
+                          [argv(*key) for key in declared_runs(request, "PIPELINE_RUNS")])
 
     def run(nproc, *flags):
-        if (nproc,) + flags not in done:
-            folder = tmp_path_factory.mktemp(f"pp_{nproc}")
-            args = FOUR_LAYERS + ["--save", str(folder / "ckpt"), "--save-interval", "6"] + list(flags)
-            if nproc == 1:
-                status, log = single(args, env)
-            else:
-                status, log = msrun(nproc, ["rapidgpt/cli.py"] + args, folder / "logs", env)
-            assert status == 0, log[-3000:]
-            done[(nproc,) + flags] = values(log), folder / "ckpt", log
-        return done[(nproc,) + flags]
+        status, log, save = batched(*argv(nproc, *flags))
+        assert status == 0, log[-3000:]
+        return values(log), save, log
     return run
 
 
@@ -128,8 +131,7 @@ def test_rank_0_prints_its_parameters_and_the_memory_estimate(pipeline_runs):
 
 
 def test_one_micro_batch_fewer_than_stages(pipeline_runs):
-    one = ("--global-batch-size", "2")
-    assert_same_run(pipeline_runs(2, *PP2, *one)[0], pipeline_runs(1, *one)[0])
+    assert_same_run(pipeline_runs(2, *PP2, *ONE_MICRO_BATCH)[0], pipeline_runs(1, *ONE_MICRO_BATCH)[0])
 
 
 def test_fp16_pipeline_follows_the_single_process_fp16_run(pipeline_runs):

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from batched_runs import BatchedRuns
 from rapidgpt.parallel.data_parallel import ShardPlan
 from rapidgpt.theoretical_memory import GPTShape, RunLayout, estimate
 from rapidgpt.tokenizer import padded_vocab_size
 from rapidgpt.training.checkpointing import gathered_tensors
-from test_parallel import (FP16, SCALES, TINY, assert_same_run, assert_same_weights, checkpoint_of,  # noqa: F401
-                           convert_checkpoint, env, msrun, runs, single, skipped, values)  # (env, runs: fixtures)
+from test_parallel import (FP16, SCALES, TINY, assert_same_run, assert_same_weights, checkpoint_of,
+                           convert_checkpoint, single, skipped, values)
 
 ZERO1 = ("--zero-1-memory-optimization",)
 ZERO2 = ("--zero-2-memory-optimization",)
@@ -29,6 +30,11 @@ ZERO = {0: (), 1: ZERO1, 2: ZERO2, 3: ZERO3}
 PP2 = ("--pipeline-model-parallel-size", "2")
 FULL_RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
 RAPIDFORMER = (*PP2, *ZERO2, "--checkpoint-activations", "--mixed-precision", *FP16[1:])   # with TP=2, 8 ranks
+# The runs of test_parallel.py's `runs` fixture this module's tests ask for.
+TINY_RUNS = [(1, 1), (1, 1, *FP16), (1, 1, *FP16, "--accumulate-allreduce-grads-in-fp32"),
+             *[(nproc, 1, *ZERO[stage]) for stage in (1, 2, 3) for nproc in (2, 4)], (4, 2, *ZERO2),
+             (4, 1, *PP2, *FULL_RECOMPUTE, *ZERO3), (2, 1, *FP16, "--accumulate-allreduce-grads-in-fp32", *ZERO2),
+             (4, 2, *FP16, *ZERO3), (8, 2, *RAPIDFORMER)]
 HELD = re.compile(r"model states held on this rank: weights (\d+) bytes, main parameters and optimizer state "
                   r"(\d+) bytes")
 HANDED = re.compile(r"gradients handed to the optimizer on this rank: (\d+) bytes")
@@ -103,9 +109,10 @@ def test_a_checkpoint_resumes_across_zero_stages_and_data_parallel_sizes(runs, e
                                  "--exit-interval", "9"], env)
     assert status == 0, log[-3000:]
     assert_same_run(values(log), reference[13:19])      # iterations 7..9
-    for nproc, zero in ((2, ZERO3), (2, ZERO1)):
-        status, log = msrun(nproc, ["rapidgpt/cli.py"] + TINY + ["--load", str(middle), *zero],
-                            tmp_path / f"logs{zero[0]}", env)
+    legs = [(2, TINY + ["--load", str(middle), *zero]) for zero in (ZERO3, ZERO1)]
+    batched = BatchedRuns(env, tmp_path / "legs", legs)       # both in one job
+    for leg in legs:
+        status, log, _ = batched(*leg)
         assert status == 0, log[-3000:]
         assert_same_run(values(log), reference[19:])    # iterations 10..12 and the last two validations
 
@@ -178,7 +185,6 @@ def test_zero_steps_a_users_model_as_the_unsharded_wrapper(shard_gradients):
     steps (assert_steps_alike). At stage 2 the wrapper is handed the gradients as the schedule's
     reduce-scatter hands them: this rank's pieces, flat."""
     import mindspore as ms
-    import numpy as np
     from mindspore import nn
 
     from rapidgpt.config.precision import PrecisionConfig

@@ -96,13 +96,10 @@ def _run_or_launch(argv, args, run, before_launch=None):
     tensor; the engine then finds them done), once per process: a process may run several command
     lines one after another (`main(argv)` again), and MindSpore sets a device only once."""
     if launched_by_msrun():
-        import mindspore as ms
-
-        from rapidgpt.engine import MINDSPORE_DEVICE, select_device
+        from rapidgpt.engine import ensure_device, select_device
         from rapidgpt.parallel import comm
         device = select_device(args.device)
-        if not comm.initialized():
-            ms.set_device(MINDSPORE_DEVICE[device])
+        ensure_device(device)
         comm.init_distributed(device)
     elif args.nproc_per_node * args.nnodes != 1:
         from rapidgpt.launcher import launch

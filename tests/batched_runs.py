@@ -1,17 +1,24 @@
 """The tests' `rapidgpt` runs, started in batches.
 
-A test asks for a run (`runs(nproc, argv)`: the CLI with `argv` on `nproc` processes) and gets its
-exit status, its output (rank 0's) and its --save folder. The first time it asks for a run of some
-size, every run of that size the collected test modules declare (`declared_runs`) and that has not
-run yet starts with it, one after another in the same processes (tests/distributed/several_runs.py):
-a batch pays once for what every run would pay again, msrun's start-up (its scheduler, building the
-cluster, every rank importing MindSpore) and MindSpore's first compilations. Measured on 2 CPU
+`BatchedRuns(...)(nproc, argv)` runs the CLI with `argv` on `nproc` processes and returns its exit
+status, its output (rank 0's) and its --save folder. The first time a run of some size is asked
+for, every run of that size in `planned` (what the collected test modules declare:
+`declared_runs`) that has not run yet starts with it, one after another in the same processes
+(tests/distributed/several_runs.py): a batch pays once for what every run would pay again, msrun's
+start-up (its scheduler, building the cluster, every rank importing MindSpore). Measured on 2 CPU
 cores: a 2-rank run of the tiny GPT took 47 s alone, of which ~18 s was msrun's start-up and
-shut-down.
+shut-down. (Selecting one test with -k still starts every planned run of its size.)
 
-Each run is still the CLI's own `main(argv)` with a fresh engine, model and optimizer (as the
-in-process tests run it several times); what its processes keep between runs is what MindSpore
-keeps (the device, the communication groups, the compiled kernels).
+Each run is still the CLI's own `main(argv)` with a fresh engine, model, optimizer, logger and
+parallel state, as the in-process tests run it several times. What a process keeps between runs:
+MindSpore's device and compiled kernels, rapidgpt.parallel.comm's joined job and communication
+groups (keyed by ranks: one batch has one world size), the CPU thread count set by its first run
+(the same for every run of one size), the tokenizer files read (by path) and the checkpoint files
+verified (by modification time).
+
+A run's status is the first non-zero one of its ranks; its output is rank 0's, followed by the end
+of a failed rank's. A run the batch did not reach (an earlier one failed or the job timed out) is
+reported as failed, saying which.
 """
 import json
 import os
@@ -20,26 +27,65 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 SEVERAL_RUNS = "tests/distributed/several_runs.py"
-FRAME = re.compile(r"^<<< run (\d+)\n(.*?)^>>> run \1 status (-?\d+|None)\n", re.S | re.M)
+START = re.compile(r"^<<< run (\d+)$", re.M)
+END = re.compile(r"^>>> run (\d+) status (-?\d+)$", re.M)
+
+
+def run_to_end(command, env, timeout, **kwargs):
+    """`subprocess.run(command)` that, on time-out, kills every process it started (msrun starts
+    its scheduler and workers in their own sessions) -> (exit status or None on time-out, stdout)."""
+    proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True, **kwargs)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        started = psutil.Process(proc.pid).children(recursive=True)
+        for p in [proc, *started]:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        out, _ = proc.communicate()
+        return None, out
 
 
 def msrun(nproc, script_and_args, log_dir, env, timeout=300):
-    """Run `python script args` on `nproc` ranks; returns (exit status, rank 0's log)."""
+    """Run `python script args` on `nproc` ranks; returns (exit status, rank 0's log) (status None:
+    timed out, every process killed)."""
     port = 20000 + os.getpid() % 20000
     command = ["msrun", "--worker_num", str(nproc), "--local_worker_num", str(nproc), "--master_port", str(port),
                "--log_dir", str(log_dir), "--join", "True", "--cluster_time_out", "240"] + script_and_args
-    proc = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    status, out = run_to_end(command, env, timeout, stderr=subprocess.STDOUT)
     log = Path(log_dir, "worker_0.log")
-    return proc.returncode, log.read_text() if log.exists() else proc.stdout + proc.stderr
+    return status, log.read_text() if log.exists() else out
 
 
 def declared_runs(request, attribute):
     """The runs that the modules of the collected tests declare in their list `attribute`, in the
-    terms of the fixture that runs them (e.g. test_parallel.py's `runs` fixture: (nproc, tp, *flags))."""
+    terms of the fixture that runs them (e.g. the `runs` fixture of tests/conftest.py: (nproc, tp,
+    *flags))."""
     modules = sorted({item.module for item in request.session.items}, key=lambda m: m.__name__)
     return [key for module in modules for key in getattr(module, attribute, ())]
+
+
+def frames(output):
+    """{run: (its output, its status, or None when it did not end)} of one process's output."""
+    starts = list(START.finditer(output))
+    ends = {int(m.group(1)): m for m in END.finditer(output)}
+    found = {}
+    for i, start in enumerate(starts):
+        k = int(start.group(1))
+        stop = starts[i + 1].start() if i + 1 < len(starts) else len(output)
+        end = ends.get(k)
+        if end is not None and start.end() <= end.start() <= stop:
+            found[k] = output[start.end():end.start()], int(end.group(2))
+        else:
+            found[k] = output[start.end():stop], None
+    return found
 
 
 class BatchedRuns:
@@ -73,14 +119,25 @@ class BatchedRuns:
         runs_file.write_text(json.dumps(command_lines))
         timeout = 120 + self.seconds_per_run * len(batch)
         if nproc == 1:
-            proc = subprocess.run([sys.executable, SEVERAL_RUNS, str(runs_file)], env=self.env, cwd=REPO,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-            status, output = proc.returncode, proc.stdout
+            status, output = run_to_end([sys.executable, SEVERAL_RUNS, str(runs_file)], self.env, timeout,
+                                        stderr=subprocess.STDOUT)
+            outputs = [output]
         else:
-            status, output = msrun(nproc, [SEVERAL_RUNS, str(runs_file)], self.folder / f"{name}_logs", self.env,
-                                   timeout)
-        framed = {int(k): (text, int(s) if s != "None" else 0) for k, text, s in FRAME.findall(output)}
+            logs = self.folder / f"{name}_logs"
+            status, output = msrun(nproc, [SEVERAL_RUNS, str(runs_file)], logs, self.env, timeout)
+            outputs = [Path(logs, f"worker_{rank}.log").read_text() if Path(logs, f"worker_{rank}.log").exists()
+                       else "" for rank in range(nproc)]
+        ranks = [frames(out) for out in outputs]
+        why = "timed out" if status is None else f"exit status {status}"
         for k, key in enumerate(batch):
-            # A run that did not finish (its processes died): the job's status and all of its output.
-            text, run_status = framed.get(k, (output, status or 1))
+            if k not in ranks[0]:
+                self.done[key] = 1, (f"not run: the batch's job ({nproc} processes, {runs_file}) ended "
+                                     f"({why}) before it came to this run; its output ends:\n{output[-3000:]}")
+                continue
+            text = ranks[0][k][0]
+            statuses = [found.get(k, ("", None))[1] for found in ranks]
+            failed = [rank for rank, s in enumerate(statuses) if s != 0]
+            if failed and failed[0] != 0:
+                text += f"\n[rank {failed[0]}'s output of this run ends]\n" + ranks[failed[0]].get(k, ("", 0))[0][-3000:]
+            run_status = next((s for s in statuses if s), 0) if all(s is not None for s in statuses) else 1
             self.done[key] = run_status, text

@@ -35,9 +35,9 @@ def run(capsys, *argv):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, demo_cache):
     """A --save folder holding checkpoints 2 and 4 of a 4-iteration run, trained once for the tests
-    that damage, load or evaluate a checkpoint: each takes its own copy (`copy_of`)."""
+    that damage, load or evaluate a checkpoint (those that change the folder take a copy: `copy_of`)."""
     save = tmp_path_factory.mktemp("trained") / "ckpt"
     assert pretrain_main(TINY + ["--train-iters", "4", "--save", str(save), "--save-interval", "2"]) == 0
     return save

@@ -56,7 +56,8 @@ def assert_same_run(found, reference):
         assert ours == pytest.approx(expected, rel=1e-5, abs=printed), (name, ours, expected)
 
 
-# The runs of the `runs` fixture this module's tests ask for (tests/test_zero.py declares its own).
+# The runs of the `runs` fixture (tests/conftest.py) this module's tests ask for (tests/test_zero.py
+# declares its own).
 TINY_RUNS = [(1, 1), (2, 2), (2, 1), (4, 2), (1, 1, *FP16), (2, 1, *FP16), (2, 2, "--checkpoint-activations"),
              (2, 2, "--recompute-activations")]
 

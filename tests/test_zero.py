@@ -30,7 +30,7 @@ ZERO = {0: (), 1: ZERO1, 2: ZERO2, 3: ZERO3}
 PP2 = ("--pipeline-model-parallel-size", "2")
 FULL_RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
 RAPIDFORMER = (*PP2, *ZERO2, "--checkpoint-activations", "--mixed-precision", *FP16[1:])   # with TP=2, 8 ranks
-# The runs of test_parallel.py's `runs` fixture this module's tests ask for.
+# The runs of the `runs` fixture (tests/conftest.py) this module's tests ask for.
 TINY_RUNS = [(1, 1), (1, 1, *FP16), (1, 1, *FP16, "--accumulate-allreduce-grads-in-fp32"),
              *[(nproc, 1, *ZERO[stage]) for stage in (1, 2, 3) for nproc in (2, 4)], (4, 2, *ZERO2),
              (4, 1, *PP2, *FULL_RECOMPUTE, *ZERO3), (2, 1, *FP16, "--accumulate-allreduce-grads-in-fp32", *ZERO2),

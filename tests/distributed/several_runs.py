@@ -5,28 +5,40 @@
 Under msrun every rank runs the same list, so a batch of test runs pays msrun's start-up (its
 scheduler, building the cluster, every rank importing MindSpore) once instead of once per run.
 Each run is the CLI's own `main(argv)`, as `python -m rapidgpt.cli ARGV` runs it; its output is
-framed by the lines `<<< run K` and `>>> run K status S` (S: its exit status), read by
-tests/batched_runs.py.
+framed by the lines `<<< run K` and `>>> run K status S` (S: its exit status on this rank), read by
+tests/batched_runs.py. Each marker is one write, so another thread's log line cannot split it.
+
+In one process a failed run does not stop the list. Under msrun the first run that fails on this
+rank ends the process with its status: the other ranks would otherwise wait for this one in that
+run's collectives, or pair its next run's collectives with them, and msrun then stops the job.
 """
 import json
 import sys
 import traceback
 
 from rapidgpt.cli import main
-from rapidgpt.msrun_env import is_msrun_scheduler
+from rapidgpt.msrun_env import is_msrun_scheduler, launched_by_msrun
+
+
+def marker(line):
+    sys.stdout.write(f"\n{line}\n")
+    sys.stdout.flush()
+
 
 with open(sys.argv[1]) as f:
     command_lines = json.load(f)
 if is_msrun_scheduler():                 # serves the job until every worker has left
     sys.exit(main(command_lines[0]))
 for k, argv in enumerate(command_lines):
-    print(f"<<< run {k}", flush=True)
+    marker(f"<<< run {k}")
     try:
         status = main(argv)
     except SystemExit as e:              # a flag error: exit status 2, as from a terminal
-        status = e.code
-    except Exception:                    # as the interpreter would report it, then the next run
+        status = e.code if isinstance(e.code, int) else 1
+    except Exception:                    # reported as the interpreter would report it
         traceback.print_exc()
         status = 1
     sys.stderr.flush()
-    print(f">>> run {k} status {status}", flush=True)
+    marker(f">>> run {k} status {status}")
+    if status and launched_by_msrun():
+        sys.exit(status)

@@ -1,43 +1,56 @@
 #!/usr/bin/env python
-"""Pretraining throughput of RapidGPT beside the best plain-MindSpore loop, measured in the same run.
+"""Pretraining throughput of RapidGPT beside a plain-MindSpore loop and PyTorch eager, measured in the same run.
 
-Both sides train the same GPT (4 layers, hidden 256, 4 heads, seq 128, micro batch 8, vocabulary
-8000, tied embeddings, dropout 0.1, fp32, AdamW) on the same synthetic token ids, with the same
-number of CPU threads:
+Every side trains the same GPT (--size bench: 4 layers, hidden 256, 4 heads, seq 128, micro batch
+8; --size large: 12 layers, hidden 768, 12 heads, seq 512, micro batch 4; vocabulary 8000, tied
+embeddings, dropout 0.1, fp32, AdamW) on the same synthetic token ids, with the same number of
+CPU threads:
 
 1. rapidgpt: the real engine path. `parse_args(argv=[...])` -> `RapidGPTEngine(args=args)` ->
    `GPTPretrainer(engine).train()`, the GPTPretrainer of rapidgpt/tasks/pretraining.py with only
    its dataset hook replaced (a map-style dataset of synthetic GPTDataset-like items). Everything
    else is what `rapidgpt --task pretraining` runs: seeded init, data loader threads, the compiled
-   step (bias-corrected AdamW, --clip-grad, finite check), the scheduler, Megatron log lines.
-   Iteration times are the wall-clock gaps between the engine's log lines (--log-interval 1),
-   so the per-iteration Python work of the trainer and the reporter is counted.
-2. baseline: a plain GPT written below in MindSpore, trained the way measured on this machine to be the
-   fastest: GRAPH_MODE `nn.TrainOneStepCell(nn.WithLossCell(net, loss), nn.AdamWeightDecay)`, the
-   batch stacked and converted to Tensors in the loop, the loss read back every step.
+   step with graph kernel fusion where available (bias-corrected AdamW, --clip-grad, finite
+   check), the scheduler, Megatron log lines. Iteration times are the wall-clock gaps between the
+   engine's log lines (--log-interval 1), so the trainer's per-iteration Python work is counted.
+2. baseline (plain MindSpore): a plain GPT written below in MindSpore, trained the way measured on
+   this machine to be the fastest plain loop: GRAPH_MODE `nn.TrainOneStepCell(nn.WithLossCell(net,
+   loss), nn.AdamWeightDecay)`, the batch stacked and converted to Tensors in the loop.
+3. pytorch (when torch is installed, `pip install torch==2.13.0`; a benchmark extra): the same GPT
+   in PyTorch eager (benchmarks/torch_side.py), from RapidGPT's initial weights, with
+   torch.optim.AdamW and clip_grad_norm_. Before the rounds, a dropout-free "same model" check
+   prints RapidGPT's (fused and unfused) and PyTorch's first losses side by side.
 
-Variants (--variants): the same RapidGPT run with --fp16, --bf16, --checkpoint-activations (full
-recompute) and --recompute-activations (selective), each in its own fresh subprocess in every
-round, reported beside RapidGPT fp32 measured in the same run with tokens/s, time to first step
-and peak RSS. fp16 exists for Ascend/GPU: on this CPU it is measured, not expected, to be fast;
-bf16 is refused by MindSpore's CPU backend's missing kernels, and the table says so.
+MFU: Megatron's model FLOPs per iteration / the fp32 GEMM peak measured in the same run (2048^3
+products in a compiled MindSpore graph and in torch.mm; the higher one). The profile (skip it
+with --no-profile) is one more RapidGPT run under MindSpore's profiler: where a step's time goes,
+by kernel category, with the host loop and the data (benchmarks/step_profile.py).
+
+Variants (--variants): the same RapidGPT run unfused (--graph-kernel-fusion off), with --fp16,
+--bf16, --checkpoint-activations (full recompute) and --recompute-activations (selective), each
+in its own fresh subprocess in every round, reported beside RapidGPT fp32 measured in the same
+run with tokens/s, time to first step and peak RSS. fp16 exists for Ascend/GPU: on this CPU it is
+measured, not expected, to be fast; bf16 is refused by MindSpore's CPU backend's missing kernels,
+and the table says so.
 
 Each side runs in its own fresh subprocess (GRAPH_MODE is process-global), one after the other,
-alternating rapidgpt, baseline, rapidgpt, ... for --repeats rounds; the best round of each side is
-reported, with the median of the rounds beside it (all rounds are printed too). Throughput counts
-only the --iters iterations after --warmup ones; "first step" is the wall time of iteration 1 (the
-compile), "to first step" runs from model construction (rapidgpt: the `train()` call) to the end
-of iteration 1. On a shared machine other processes skew the numbers (±10% between quiet runs is
-normal here): every run says when others took CPU meanwhile, and --wait-quiet makes the driver
-wait for an idle machine before each side.
+alternating for --repeats rounds; the best round of each side is reported, with the median of the
+rounds beside it (all rounds are printed too). Throughput counts only the --iters iterations after
+--warmup ones; "first step" is the wall time of iteration 1 (the compile), "to first step" runs
+from model construction (rapidgpt: the `train()` call) to the end of iteration 1. On a shared
+machine other processes skew the numbers (±10% between quiet runs is normal here): every run says
+when others took CPU meanwhile, and --wait-quiet makes the driver wait for an idle machine before
+each side. The last two lines are `ratio rapidgpt/pytorch-eager: X` and
+`ratio rapidgpt/plain-mindspore: Y`.
 
 `--model bert` makes the same comparison for BERT: RapidGPT's BertPretrainer (what `rapidgpt --task
 pretraining --tokenizer-type BertWordPieceLowerCase` runs) beside a plain-MindSpore BERT, the
-same sizes, on synthetic masked-LM batches (benchmarks/bert_sides.py).
+same sizes, on synthetic masked-LM batches (benchmarks/bert_sides.py); there is no PyTorch side.
 
-    python benchmarks/bench_pretrain.py [--model gpt|bert] [--iters 20] [--warmup 3] [--repeats 3] [--threads 2]
-                                        [--clip-grad 1.0] [--wait-quiet 300]
-                                        [--variants fp32,fp16,bf16,recompute-full,recompute-selective]
+    python benchmarks/bench_pretrain.py [--size bench|large] [--model gpt|bert] [--iters 20] [--warmup 3]
+                                        [--repeats 3] [--threads 2] [--clip-grad 1.0] [--wait-quiet 300]
+                                        [--variants fp32,unfused,fp16,bf16,recompute-full,recompute-selective]
+                                        [--no-profile]
 """
 import argparse
 import json
@@ -48,6 +61,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -58,16 +72,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bert_sides import run_baseline_bert, run_rapidgpt_bert  # noqa: E402
 
-# The model and optimizer settings shared by both sides (RapidGPT's defaults where they exist).
-MODEL = dict(num_layers=4, hidden_size=256, num_heads=4, seq_length=128, micro_batch_size=8,
-             vocab_size=8000, dropout=0.1, init_std=0.02, layernorm_eps=1e-5)
+# The model and optimizer settings shared by every side (RapidGPT's defaults where they exist):
+# the bench model, and a larger one (--size large, GPT-2 small's layers at seq 512).
+MODELS = {
+    "bench": dict(num_layers=4, hidden_size=256, num_heads=4, seq_length=128, micro_batch_size=8,
+                  vocab_size=8000, dropout=0.1, init_std=0.02, layernorm_eps=1e-5),
+    "large": dict(num_layers=12, hidden_size=768, num_heads=12, seq_length=512, micro_batch_size=4,
+                  vocab_size=8000, dropout=0.1, init_std=0.02, layernorm_eps=1e-5),
+}
 OPTIM = dict(weight_decay=0.01, beta1=0.9, beta2=0.999, eps=1e-8)
 RESULT_PREFIX = "BENCH_RESULT "
 # RapidGPT variants: flags added to the fp32 run.
 # fp16 starts from a scale the bench model's gradients fit (from 2^32 its first ~15 steps would be
 # skipped overflows, which skip the optimizer and so are cheaper than real steps).
-VARIANTS = {"fp32": [], "fp16": ["--fp16", "--initial-loss-scale", "65536"], "bf16": ["--bf16"], "recompute-full": ["--checkpoint-activations"],
-            "recompute-selective": ["--recompute-activations"]}
+VARIANTS = {"fp32": [], "unfused": ["--graph-kernel-fusion", "off"],
+            "fp16": ["--fp16", "--initial-loss-scale", "65536"], "bf16": ["--bf16"],
+            "recompute-full": ["--checkpoint-activations"], "recompute-selective": ["--recompute-activations"]}
 
 
 def peak_rss_mib():
@@ -110,7 +130,8 @@ def summarize(side, end_times, losses, start, first_step, tokens_per_iter, warmu
     result = {"side": side, "tokens_per_s": iters * tokens_per_iter / measured,
               "s_per_iter": measured / iters, "median_s_per_iter": statistics.median(per_iter),
               "first_step_s": first_step, "to_first_step_s": end_times[0] - start,
-              "first_loss": losses[0], "final_loss": losses[-1], "peak_rss_mib": peak_rss_mib()}
+              "first_loss": losses[0], "final_loss": losses[-1], "losses": [float(x) for x in losses],
+              "peak_rss_mib": peak_rss_mib()}
     result.update(extra or {})
     return result
 
@@ -135,28 +156,35 @@ class _IterationClock(logging.Handler):
                                  float(match[3]) if match[3] else float("nan")))
 
 
-def run_rapidgpt(opts, model=MODEL, extra_flags=()):
-    """RapidGPT's engine on `model` (MODEL's keys) with `extra_flags` (e.g. --fp16); --model bert:
-    its BertPretrainer (benchmarks/bert_sides.py)."""
-    from rapidgpt.arguments import parse_args
-    from rapidgpt.engine import RapidGPTEngine
-    from rapidgpt.global_vars import get_logger
-    from rapidgpt.tasks.pretraining import GPTPretrainer
-
-    m, o = model, OPTIM
-    total = opts.warmup + opts.iters
-    argv = ["--num-layers", m["num_layers"], "--hidden-size", m["hidden_size"],
+def engine_argv(opts, m, extra_flags=()):
+    """The rapidgpt flags of the bench run of model `m` (a MODELS entry)."""
+    o = OPTIM
+    return ["--num-layers", m["num_layers"], "--hidden-size", m["hidden_size"],
             "--num-attention-heads", m["num_heads"], "--seq-length", m["seq_length"],
             "--micro-batch-size", m["micro_batch_size"], "--vocab-size", m["vocab_size"],
-            "--make-vocab-size-divisible-by", 64,  # 8000 = 125 x 64: no padding, like the baseline
+            "--make-vocab-size-divisible-by", 64,  # 8000 = 125 x 64: no padding, like the other sides
             "--hidden-dropout", m["dropout"], "--attention-dropout", m["dropout"],
             "--init-method-std", m["init_std"], "--layernorm-epsilon", m["layernorm_eps"],
             "--lr", opts.lr, "--lr-decay-style", "constant", "--weight-decay", o["weight_decay"],
             "--clip-grad", opts.clip_grad,
             "--adam-beta1", o["beta1"], "--adam-beta2", o["beta2"], "--adam-eps", o["eps"],
-            "--train-iters", total, "--log-interval", 1, "--eval-iters", 0, "--no-progress-bar",
-            "--cpu-threads", opts.threads, "--device", "cpu", "--seed", 1234, *extra_flags]
-    clock = _IterationClock()
+            "--train-iters", opts.warmup + opts.iters, "--log-interval", 1, "--eval-iters", 0,
+            "--no-progress-bar", "--cpu-threads", opts.threads, "--device", "cpu", "--seed", 1234,
+            *extra_flags]
+
+
+def run_rapidgpt(opts, extra_flags=(), clock=None):
+    """RapidGPT's engine on the bench model with `extra_flags` (e.g. --fp16); --model bert: its
+    BertPretrainer (benchmarks/bert_sides.py). `clock`: an _IterationClock (subclass) to use."""
+    from rapidgpt.arguments import parse_args
+    from rapidgpt.engine import RapidGPTEngine
+    from rapidgpt.global_vars import get_logger
+    from rapidgpt.tasks.pretraining import GPTPretrainer
+
+    m, o = opts.dims, OPTIM
+    total = opts.warmup + opts.iters
+    argv = engine_argv(opts, m, extra_flags)
+    clock = clock or _IterationClock()
     if opts.model == "bert":
         start = run_rapidgpt_bert(opts, m, o, argv, clock, summarize, opts.show_log)
     else:
@@ -188,7 +216,7 @@ def run_rapidgpt(opts, model=MODEL, extra_flags=()):
 
 def run_baseline(opts):
     if opts.model == "bert":
-        return run_baseline_bert(opts, MODEL, OPTIM, summarize)
+        return run_baseline_bert(opts, opts.dims, OPTIM, summarize)
     import mindspore as ms
     from mindspore import Tensor, nn, ops
     from mindspore.common.initializer import Normal
@@ -198,7 +226,7 @@ def run_baseline(opts):
     ms.device_context.cpu.op_tuning.threads_num(opts.threads)
     ms.set_seed(1234)
     np.random.seed(1234)
-    m, o = MODEL, OPTIM
+    m, o = opts.dims, OPTIM
     h, heads, s, v, p = m["hidden_size"], m["num_heads"], m["seq_length"], m["vocab_size"], m["dropout"]
 
     def dense(n_in, n_out, std=m["init_std"]):
@@ -294,7 +322,7 @@ def run_baseline(opts):
 
 
 # ---------------------------------------------------------------------------------------------
-# Driver
+# Running a side in a fresh process
 
 def busy_seconds():
     """CPU seconds the whole machine has spent busy (non-idle, non-iowait), from /proc/stat."""
@@ -314,17 +342,18 @@ def wait_until_quiet(max_wait, threshold=0.1, window=2.0):
             return load
 
 
-def run_side(side, opts, variant="fp32"):
-    """One side in a fresh process; also measures how much CPU OTHER processes took meanwhile.
-    A RapidGPT variant that exits with its one-line error (bf16 on CPU) comes back as
-    {"refused": that line}."""
+def run_side(side, opts, variant="fp32", extra=()):
+    """One side (or job: init-weights, gemm-peak, profile) in a fresh process; also measures how
+    much CPU OTHER processes took meanwhile. A RapidGPT variant that exits with its one-line error
+    (bf16 on CPU) comes back as {"refused": that line}."""
     if opts.wait_quiet:
         wait_until_quiet(opts.wait_quiet)
     child_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy_before, wall_before = busy_seconds(), time.perf_counter()
     cmd = [sys.executable, os.path.abspath(__file__), "--only", side, "--iters", str(opts.iters),
            "--warmup", str(opts.warmup), "--threads", str(opts.threads), "--lr", str(opts.lr),
-           "--clip-grad", str(opts.clip_grad), "--variant", variant, "--model", opts.model]
+           "--clip-grad", str(opts.clip_grad), "--variant", variant, "--model", opts.model,
+           "--size", opts.size, "--weights", opts.weights or "", *map(str, extra)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     child_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter() - wall_before
@@ -339,9 +368,72 @@ def run_side(side, opts, variant="fp32"):
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-5000:])
         raise SystemExit(f"the {side} subprocess failed (exit {proc.returncode})")
     result = json.loads(lines[-1][len(RESULT_PREFIX):])
-    result["other_processes_cores"] = others
+    if isinstance(result, dict):
+        result["other_processes_cores"] = others
     return result
 
+
+# ---------------------------------------------------------------------------------------------
+# Model FLOPs and the machine's GEMM peak (MFU)
+
+def model_flops_per_iteration(m):
+    """Megatron's count of a GPT training iteration's FLOPs (forward + backward, no recompute):
+    72 B s L h^2 (1 + s / (6h)) + 6 B s h V, i.e. the matrix products only."""
+    b, s, L, h, v = m["micro_batch_size"], m["seq_length"], m["num_layers"], m["hidden_size"], m["vocab_size"]
+    return 72 * b * s * L * h * h * (1 + s / (6 * h)) + 6 * b * s * h * v
+
+
+def gemm_peak_mindspore(threads, n=2048, chain=4, repeats=5):
+    """GFLOP/s of fp32 n x n matrix products inside a compiled MindSpore graph (oneDNN)."""
+    import mindspore as ms
+    from mindspore import Tensor, ops
+
+    ms.set_device("CPU")
+    ms.device_context.cpu.op_tuning.threads_num(threads)
+    matmul = ops.MatMul()
+
+    @ms.jit
+    def products(a, b):
+        for _ in range(chain):
+            a = matmul(a, b)
+        return a.sum()
+
+    rng = np.random.default_rng(0)
+    a = Tensor(rng.standard_normal((n, n), dtype=np.float32))
+    b = Tensor((rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32))
+    products(a, b).asnumpy()                                      # compile
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        products(a, b).asnumpy()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 * chain / best / 1e9
+
+
+def gemm_peak_torch(threads, n=2048, chain=4, repeats=5):
+    """GFLOP/s of fp32 n x n torch.mm (PyTorch's CPU BLAS)."""
+    import torch
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n) / n ** 0.5
+    best = float("inf")
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        c = a
+        for _ in range(chain):
+            c = c @ b
+        float(c.sum())
+        if i:                                                     # the first call warms up
+            best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 * chain / best / 1e9
+
+
+def torch_available():
+    import importlib.util
+    return importlib.util.find_spec("torch") is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
 
 def describe(r):
     text = (f"{r['tokens_per_s']:8.1f} tokens/s  ({r['s_per_iter'] * 1000:.0f} ms/iter, median "
@@ -355,86 +447,37 @@ def describe(r):
     return text
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iters", type=int, default=20, help="measured iterations")
-    parser.add_argument("--warmup", type=int, default=3,
-                        help="iterations before measuring (the first compiles)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="rounds of (rapidgpt, baseline); the best is reported")
-    parser.add_argument("--threads", type=int, default=2, help="MindSpore CPU threads on both sides")
-    parser.add_argument("--lr", type=float, default=6e-4, help="constant learning rate on both sides")
-    parser.add_argument("--clip-grad", type=float, default=1.0,
-                        help="rapidgpt's --clip-grad (its default 1.0; the baseline never clips: clipping is one more pass over the gradients, ~3%% of the step here)")
-    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                        help="before each side, wait up to this long for other processes to leave the CPU")
-    parser.add_argument("--only", choices=["rapidgpt", "baseline"], default=None,
-                        help="run one side in this process and print its JSON result line")
-    parser.add_argument("--show-log", action="store_true",
-                        help="with --only rapidgpt: keep the engine's log")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"RapidGPT variants to run beside fp32, comma-separated from {', '.join(VARIANTS)}")
-    parser.add_argument("--variant", choices=list(VARIANTS), default="fp32", help=argparse.SUPPRESS)
-    parser.add_argument("--model", choices=["gpt", "bert"], default="gpt",
-                        help="gpt, or bert: RapidGPT's BERT pretraining beside a plain-MindSpore BERT "
-                             "(benchmarks/bert_sides.py; the same sizes, synthetic masked-LM batches)")
-    opts = parser.parse_args()
-    variants = [v for v in opts.variants.split(",") if v]
-    unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown:
-        parser.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
-    if opts.warmup < 1 or opts.iters < 1:
-        parser.error("--warmup and --iters must be >= 1 (iteration 1 compiles and is never measured)")
+SIDE_NAMES = {"rapidgpt": "rapidgpt", "baseline": "plain MindSpore (GRAPH_MODE TrainOneStepCell)",
+              "pytorch": "PyTorch eager"}
 
-    if opts.only:
-        result = (run_rapidgpt(opts, extra_flags=VARIANTS[opts.variant]) if opts.only == "rapidgpt"
-                  else run_baseline(opts))
-        print(RESULT_PREFIX + json.dumps(result), flush=True)
-        return
 
-    m = MODEL
-    print(f"model: {opts.model.upper()}, {m['num_layers']} layers, hidden {m['hidden_size']}, {m['num_heads']} heads, seq "
-          f"{m['seq_length']}, micro batch {m['micro_batch_size']}, vocab {m['vocab_size']}, fp32, "
-          f"dropout {m['dropout']}, AdamW lr {opts.lr}; rapidgpt --clip-grad {opts.clip_grad}; "
-          f"{opts.threads} CPU threads; {opts.warmup} warm-up + {opts.iters} measured iterations, "
-          f"{opts.repeats} round(s)")
-    runs = {"rapidgpt": [], "baseline": []}
-    others = {v: [] for v in variants if v != "fp32"}
-    for round_ in range(1, opts.repeats + 1):
-        for side in ("rapidgpt", "baseline"):
-            result = run_side(side, opts)
-            runs[side].append(result)
-            print(f"  round {round_} {side:8s}: {describe(result)}", flush=True)
-        for variant in others:
-            if others[variant] and "refused" in others[variant][0]:
-                continue                          # refused once: the backend will not change
-            result = run_side("rapidgpt", opts, variant)
-            others[variant].append(result)
-            text = f"refused: {result['refused']}" if "refused" in result else describe(result)
-            print(f"  round {round_} rapidgpt {variant}: {text}", flush=True)
-    best = {side: max(results, key=lambda r: r["tokens_per_s"]) for side, results in runs.items()}
-    ours, base = best["rapidgpt"], best["baseline"]
-    print(f"best of {opts.repeats} round(s):")
-    print(f"rapidgpt: {ours['tokens_per_s']:.1f} tokens/s (first step {ours['first_step_s']:.2f} s, "
-          f"to first step {ours['to_first_step_s']:.2f} s; "
-          f"loss {ours['first_loss']:.3f} -> {ours['final_loss']:.3f})")
+def print_summary(opts, runs, peak):
+    """Best round of each side with its MFU; the ratio lines come last."""
+    flops = model_flops_per_iteration(opts.dims)
+    tokens_per_iter = opts.dims["micro_batch_size"] * opts.dims["seq_length"]
+    best = {side: max(results, key=lambda r: r["tokens_per_s"]) for side, results in runs.items() if results}
+    med = {side: statistics.median(r["tokens_per_s"] for r in results) for side, results in runs.items() if results}
+    print(f"best of {opts.repeats} round(s) (median of the rounds in brackets); MFU = model FLOPs "
+          f"(Megatron's count, {flops / 1e9:.1f} GFLOP/iteration) / the GEMM peak, {peak:.0f} GFLOP/s:")
+    for side, r in best.items():
+        mfu = flops * r["tokens_per_s"] / tokens_per_iter / (peak * 1e9) if opts.model == "gpt" else float("nan")
+        print(f"  {SIDE_NAMES[side]:46s} {r['tokens_per_s']:8.1f} tokens/s [{med[side]:8.1f}]  MFU {mfu:6.1%}  "
+              f"to first step {r['to_first_step_s']:6.2f} s  peak RSS {r['peak_rss_mib']:5.0f} MiB  "
+              f"loss {r['first_loss']:.3f} -> {r['final_loss']:.3f}")
     if opts.model == "bert":
         print("(losses: rapidgpt's is the logged lm loss, the baseline's lm + sop loss)")
-    print(f"baseline (GRAPH_MODE TrainOneStepCell): {base['tokens_per_s']:.1f} tokens/s (first step "
-          f"{base['first_step_s']:.2f} s, to first step {base['to_first_step_s']:.2f} s; "
-          f"loss {base['first_loss']:.3f} -> {base['final_loss']:.3f})")
-    ratio = ours["tokens_per_s"] / base["tokens_per_s"]
-    print(f"ratio rapidgpt/baseline: {ratio:.3f} (target >= 0.95{'' if ratio >= 0.95 else ': MISSED'})")
-    med = {side: statistics.median(r["tokens_per_s"] for r in results) for side, results in runs.items()}
-    print(f"median of {opts.repeats} round(s): rapidgpt {med['rapidgpt']:.1f}, "
-          f"baseline {med['baseline']:.1f} tokens/s, ratio {med['rapidgpt'] / med['baseline']:.3f}")
-    if others:
-        print_variants(ours, others)
-    every = [r for results in list(runs.values()) + list(others.values()) for r in results]
-    busy = [r for r in every if r.get("other_processes_cores", 0.0) > 0.1]
-    if busy:
-        print(f"note: other processes used CPU during {len(busy)} of {len(every)} runs; "
-              f"rerun with --wait-quiet 300 on a shared machine")
+    ours = best["rapidgpt"]["tokens_per_s"]
+    if "pytorch" in best:
+        ratio = ours / best["pytorch"]["tokens_per_s"]
+        print(f"ratio rapidgpt/pytorch-eager: {ratio:.3f} (median {med['rapidgpt'] / med['pytorch']:.3f}; "
+              f"target >= 1.0{'' if ratio >= 1.0 else ': MISSED'})")
+    else:
+        print("ratio rapidgpt/pytorch-eager: not measured (torch is not installed: "
+              "pip install torch==2.13.0, a benchmark extra)" if opts.model == "gpt" else
+              "ratio rapidgpt/pytorch-eager: not measured (the PyTorch side is the GPT's)")
+    ratio = ours / best["baseline"]["tokens_per_s"]
+    print(f"ratio rapidgpt/plain-mindspore: {ratio:.3f} (median {med['rapidgpt'] / med['baseline']:.3f}; "
+          f"target >= 1.3{'' if ratio >= 1.3 else ': MISSED'})")
 
 
 def print_variants(fp32, others):
@@ -454,6 +497,143 @@ def print_variants(fp32, others):
         print(f"fp16 is {'slower' if slower else 'not slower'} than fp32 on this machine "
               f"({fp16['tokens_per_s']:.1f} vs {fp32['tokens_per_s']:.1f} tokens/s)"
               + ("; 16-bit pays off where its kernels are faster (Ascend/GPU)" if slower else ""))
+
+
+def same_model_check(opts):
+    """RapidGPT (fused, and with --graph-kernel-fusion off) and PyTorch from the same weights on the
+    same data without dropout: their losses must agree (the sides are one model, one optimizer);
+    the fused-unfused difference is what graph kernel fusion changes in the numbers."""
+    short = argparse.Namespace(**{**vars(opts), "iters": 3, "warmup": 1, "wait_quiet": 0.0})
+    runs = {"rapidgpt": run_side("rapidgpt", short, extra=["--dropout", "0"])["losses"],
+            "rapidgpt unfused": run_side("rapidgpt", short, "unfused", extra=["--dropout", "0"])["losses"],
+            "pytorch": run_side("pytorch", short, extra=["--dropout", "0"])["losses"]}
+    print(f"same model: without dropout, from RapidGPT's initial weights, the losses of {len(runs['pytorch'])} "
+          f"iterations:")
+    for side, losses in runs.items():
+        print(f"  {side:17s} " + " ".join(f"{x:.6f}" for x in losses))
+    for a, b in (("rapidgpt", "pytorch"), ("rapidgpt unfused", "pytorch"), ("rapidgpt", "rapidgpt unfused")):
+        diff = max(abs(x - y) for x, y in zip(runs[a], runs[b]))
+        print(f"  max |{a} - {b}|: {diff:.2e}" + ("" if diff < 1e-3 else "  MISMATCH: not the same model"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+
+def only(opts):
+    """--only: one side or job in this process; its JSON result on one line."""
+    if opts.only == "rapidgpt":
+        result = run_rapidgpt(opts, VARIANTS[opts.variant])
+    elif opts.only == "baseline":
+        result = run_baseline(opts)
+    elif opts.only == "pytorch":
+        from torch_side import run_torch
+        result = run_torch(opts, opts.dims, OPTIM, opts.weights,
+                           SyntheticGPTDataset((opts.warmup + opts.iters) * opts.dims["micro_batch_size"],
+                                               opts.dims["seq_length"], opts.dims["vocab_size"]), summarize)
+    elif opts.only == "init-weights":
+        from torch_side import write_initial_weights
+        write_initial_weights(opts.weights, engine_argv(opts, opts.dims))
+        result = {}
+    elif opts.only == "gemm-peak":
+        result = {"mindspore": gemm_peak_mindspore(opts.threads)}
+    elif opts.only == "gemm-peak-torch":
+        result = {"pytorch": gemm_peak_torch(opts.threads)}
+    else:
+        from step_profile import run_profile
+        result = run_profile(opts, sys.modules[__name__])
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=list(MODELS), default="bench",
+                        help="bench: 4 layers, hidden 256, seq 128, micro batch 8; large: 12 layers, hidden "
+                             "768, seq 512, micro batch 4 (vocabulary 8000 in both)")
+    parser.add_argument("--iters", type=int, default=20, help="measured iterations")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="iterations before measuring (the first compiles)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds of (rapidgpt, plain MindSpore, PyTorch); the best is reported")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads on every side")
+    parser.add_argument("--lr", type=float, default=6e-4, help="constant learning rate on every side")
+    parser.add_argument("--clip-grad", type=float, default=1.0,
+                        help="rapidgpt's and PyTorch's clipping by the global norm (rapidgpt's default 1.0; the "
+                             "plain-MindSpore loop never clips: one more pass over the gradients, ~3%% of its step)")
+    parser.add_argument("--dropout", type=float, default=None,
+                        help="dropout on every side (default the model's 0.1)")
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="before each side, wait up to this long for other processes to leave the CPU")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the profiled RapidGPT run (where a step's time goes)")
+    parser.add_argument("--only", choices=["rapidgpt", "baseline", "pytorch", "init-weights", "gemm-peak",
+                                           "gemm-peak-torch", "profile"], default=None,
+                        help="run one side (or job) in this process and print its JSON result line")
+    parser.add_argument("--weights", default="", help=argparse.SUPPRESS)   # init-weights' file for pytorch
+    parser.add_argument("--show-log", action="store_true",
+                        help="with --only rapidgpt: keep the engine's log")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"RapidGPT variants to run beside fp32, comma-separated from {', '.join(VARIANTS)}")
+    parser.add_argument("--variant", choices=list(VARIANTS), default="fp32", help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=["gpt", "bert"], default="gpt",
+                        help="gpt, or bert: RapidGPT's BERT pretraining beside a plain-MindSpore BERT "
+                             "(benchmarks/bert_sides.py; the same sizes, synthetic masked-LM batches; no PyTorch side)")
+    opts = parser.parse_args()
+    opts.dims = dict(MODELS[opts.size])
+    if opts.dropout is not None:
+        opts.dims["dropout"] = opts.dropout
+    variants = [v for v in opts.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    if opts.warmup < 1 or opts.iters < 1:
+        parser.error("--warmup and --iters must be >= 1 (iteration 1 compiles and is never measured)")
+    if opts.only:
+        return only(opts)
+
+    m = opts.dims
+    with_torch = opts.model == "gpt" and torch_available()
+    print(f"model: {opts.model.upper()} ({opts.size}), {m['num_layers']} layers, hidden {m['hidden_size']}, "
+          f"{m['num_heads']} heads, seq {m['seq_length']}, micro batch {m['micro_batch_size']}, vocab "
+          f"{m['vocab_size']}, fp32, dropout {m['dropout']}, AdamW lr {opts.lr}, --clip-grad {opts.clip_grad} "
+          f"(not in the plain-MindSpore loop); {opts.threads} CPU threads; {opts.warmup} warm-up + {opts.iters} "
+          f"measured iterations, {opts.repeats} round(s), sides in fresh processes, alternating")
+    peaks = run_side("gemm-peak", opts)
+    if with_torch:
+        peaks.update(run_side("gemm-peak-torch", opts))
+    peak = max(v for k, v in peaks.items() if k in ("mindspore", "pytorch"))
+    print("fp32 GEMM peak (2048^3, best of 5): " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()
+                                                            if k in ("mindspore", "pytorch")))
+    sides = ["rapidgpt", "baseline"] + (["pytorch"] if with_torch else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        if with_torch:
+            opts.weights = os.path.join(tmp, "initial_weights.npz")
+            run_side("init-weights", opts)
+            same_model_check(opts)
+        runs = {side: [] for side in sides}
+        others = {v: [] for v in variants if v != "fp32"}
+        for round_ in range(1, opts.repeats + 1):
+            for side in sides:
+                result = run_side(side, opts)
+                runs[side].append(result)
+                print(f"  round {round_} {side:8s}: {describe(result)}", flush=True)
+            for variant in others:
+                if others[variant] and "refused" in others[variant][0]:
+                    continue                          # refused once: the backend will not change
+                result = run_side("rapidgpt", opts, variant)
+                others[variant].append(result)
+                text = f"refused: {result['refused']}" if "refused" in result else describe(result)
+                print(f"  round {round_} rapidgpt {variant}: {text}", flush=True)
+    if not opts.no_profile and opts.model == "gpt":
+        from step_profile import print_profile
+        print_profile(run_side("profile", opts))
+    if others:
+        print_variants(max(runs["rapidgpt"], key=lambda r: r["tokens_per_s"]), others)
+    every = [r for results in list(runs.values()) + list(others.values()) for r in results]
+    busy = [r for r in every if r.get("other_processes_cores", 0.0) > 0.1]
+    if busy:
+        print(f"note: other processes used CPU during {len(busy)} of {len(every)} runs; "
+              f"rerun with --wait-quiet 300 on a shared machine")
+    print_summary(opts, runs, peak)
 
 
 if __name__ == "__main__":

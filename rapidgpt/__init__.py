@@ -8,6 +8,10 @@ importing MindSpore.
 """
 import importlib
 
+from rapidgpt.config.kernel_fusion import set_openmp_wait_policy
+
+set_openmp_wait_policy()          # before anything imports MindSpore (rapidgpt/config/kernel_fusion.py)
+
 __version__ = "0.1.0"
 
 _EXPORTS = {

@@ -14,6 +14,7 @@ import numpy as np
 from rapidgpt.arguments import parse_args
 from rapidgpt.flag_parser import ArgumentError
 from rapidgpt.global_vars import get_logger, set_global_variables
+from rapidgpt.config.kernel_fusion import check_kernel_fusion_backend, enable_kernel_fusion
 from rapidgpt.config.precision import check_precision_backend
 from rapidgpt.optim import build_lr_scheduler
 from rapidgpt.optim.mixed_precision import wrap_optimizer
@@ -74,7 +75,8 @@ class RapidGPTEngine:
         self.args = args if args is not None else parse_args(extra_args_provider, argv)
         args = self.args
         self.device = select_device(args.device)
-        problem = check_precision_backend(args.precision, self.device)
+        problem = (check_precision_backend(args.precision, self.device)
+                   or check_kernel_fusion_backend(args.kernel_fusion, self.device))
         if problem:
             raise ArgumentError(problem)
         if not comm.initialized():          # the rapidgpt CLI sets it before joining msrun's job
@@ -101,6 +103,7 @@ class RapidGPTEngine:
         # (e.g. a checkpoint this run resumed from) is pruned or deleted later.
         remember_tokenizer_files({key: getattr(args, key) for key in TOKENIZER_FILE_ARGS})
         set_global_variables(args, self.tokenizer, rank=rank)
+        get_logger().info(f" > graph kernel fusion: {enable_kernel_fusion(args.kernel_fusion, self.device)}")
         if args.onnx_runtime_training:
             get_logger().info(" --onnx-runtime-training: RapidGPT always compiles the training step "
                               "(mindspore.jit); nothing more to switch on")

@@ -1,5 +1,15 @@
 """Small helpers shared across packages."""
+import os
 from collections import deque
+
+
+def cache_root():
+    """RapidGPT's user cache directory (the demo corpus, compiled kernels): `$RAPIDGPT_CACHE_DIR`,
+    else `$XDG_CACHE_HOME/rapidgpt`, else `~/.cache/rapidgpt`."""
+    root = os.environ.get("RAPIDGPT_CACHE_DIR")
+    if not root:
+        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rapidgpt")
+    return root
 
 
 def bounded_imap(pool, fn, items, max_in_flight):

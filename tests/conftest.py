@@ -3,7 +3,12 @@ import os, sys
 # Test oracles (megatron_reference.py) are imported as plain modules.
 sys.path.insert(0, os.path.dirname(__file__))
 
+import importlib
+
 import pytest
+
+# First, as in a user's run: importing rapidgpt sets OMP_WAIT_POLICY before MindSpore loads.
+importlib.import_module("rapidgpt")
 
 
 @pytest.fixture(scope="session")

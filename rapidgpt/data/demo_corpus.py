@@ -18,17 +18,10 @@ import tempfile
 from rapidgpt.data.indexed_dataset import IndexedDataset
 from rapidgpt.data.preprocess import get_args, output_prefix_for, preprocess
 from rapidgpt.tokenizer import BertWordPieceTokenizer, save_gpt2_format, train_byte_level_bpe
+from rapidgpt.utils import cache_root
 
 DEMO_VOCAB_SIZE = 4096
 DEMO_BERT_VOCAB_SIZE = 4096
-
-
-def cache_root():
-    root = os.environ.get("RAPIDGPT_CACHE_DIR")
-    if not root:
-        root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                            "rapidgpt")
-    return root
 
 
 def demo_documents():

@@ -22,7 +22,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from rapidgpt.models.transformer import LayerNorm, ParallelTransformerLayer, TransformerConfig, TransformerLayers
-from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy
+from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy, cross_entropy
 from rapidgpt.parallel.layers import ColumnParallelLinear, ReplicatedEmbedding, VocabParallelEmbedding
 from rapidgpt.parallel.mappings import CopyToTensorParallelRegion, GatherFromTensorParallelRegion
 from rapidgpt.parallel.pipeline import stage_layer_range
@@ -178,7 +178,7 @@ class LanguageModelHead(nn.Cell):
         if self.tp > 1:
             losses = self.cross_entropy(self.parallel_logits(x, weight, bias), labels.reshape(-1))
         else:
-            losses = ops.cross_entropy(self.logits(x, weight, bias), labels.reshape(-1), reduction="none")
+            losses = cross_entropy(self.logits(x, weight, bias), labels.reshape(-1))
         return losses.reshape(labels.shape)
 
 

@@ -131,8 +131,10 @@ class ParallelAttention(nn.Cell):
     def heads(self, x, weights=None):
         """q, k, v `[b, np, s, hn]` of this rank's heads."""
         b, s, _ = x.shape
-        qkv = self.query_key_value(x, weights).reshape(b, s, self.heads_per_rank, 3, self.head_dim)
-        q, k, v = qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2]          # [b, s, np, hn]
+        qkv = self.query_key_value(x, weights).reshape(b, s, self.heads_per_rank, 3 * self.head_dim)
+        # A split of the last axis, not qkv[..., i, :] slices: MindSpore's CPU StridedSlice kernel
+        # copies element by element (~4x slower here, benchmarks/bench_pretrain.py's profile).
+        q, k, v = ops.split(qkv, self.head_dim, axis=-1)                         # [b, s, np, hn]
         return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
     def construct(self, x, attention_mask=None, weights=None):

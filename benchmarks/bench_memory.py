@@ -25,7 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_pretrain import MODEL, RESULT_PREFIX, run_rapidgpt      # noqa: E402
+from bench_pretrain import MODELS, RESULT_PREFIX, run_rapidgpt      # noqa: E402
 
 CONFIGS = {
     "none": [],
@@ -73,10 +73,11 @@ def run_child(opts, config, mode):
 
 def child(opts):
     config, mode = opts.child
-    model = dict(MODEL, num_layers=opts.layers, hidden_size=opts.hidden, seq_length=opts.seq,
+    model = dict(MODELS["bench"], num_layers=opts.layers, hidden_size=opts.hidden, seq_length=opts.seq,
                  micro_batch_size=opts.micro_batch)
-    run_opts = argparse.Namespace(warmup=1, iters=opts.iters, lr=6e-4, clip_grad=1.0, threads=2, show_log=False)
-    result = run_rapidgpt(run_opts, model, CONFIGS[config] + MODES[mode])
+    run_opts = argparse.Namespace(warmup=1, iters=opts.iters, lr=6e-4, clip_grad=1.0, threads=2, show_log=False,
+                                  dims=model, model="gpt")
+    result = run_rapidgpt(run_opts, CONFIGS[config] + MODES[mode])
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
@@ -99,10 +100,10 @@ def main():
         unknown = sorted(set(configs if name == "--configs" else modes) - set(known))
         if unknown:
             parser.error(f"{name}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
-    heads = MODEL["num_heads"]
+    heads = MODELS["bench"]["num_heads"]
     estimate = activation_bytes(opts.layers, opts.hidden, heads, opts.seq, opts.micro_batch) / 2 ** 20
     print(f"GPT {opts.layers} layers, hidden {opts.hidden}, {heads} heads, seq {opts.seq}, micro batch "
-          f"{opts.micro_batch}, fp32, dropout {MODEL['dropout']}; activations kept without recompute "
+          f"{opts.micro_batch}, fp32, dropout {MODELS['bench']['dropout']}; activations kept without recompute "
           f"(Megatron's count): ~{estimate:.0f} MiB; {opts.iters} measured iteration(s) after the first")
     print(f"  {'config':16s} {'mode':6s} {'peak RSS':>10s} {'vs none':>8s} {'s/step':>7s} {'time':>7s}")
     results = {}

@@ -353,7 +353,8 @@ def run_side(side, opts, variant="fp32", extra=()):
     cmd = [sys.executable, os.path.abspath(__file__), "--only", side, "--iters", str(opts.iters),
            "--warmup", str(opts.warmup), "--threads", str(opts.threads), "--lr", str(opts.lr),
            "--clip-grad", str(opts.clip_grad), "--variant", variant, "--model", opts.model,
-           "--size", opts.size, "--weights", opts.weights or "", *map(str, extra)]
+           "--size", opts.size, "--weights", opts.weights or "", "--dropout", str(opts.dims["dropout"]),
+           *map(str, extra)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     child_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter() - wall_before
@@ -521,6 +522,9 @@ def same_model_check(opts):
 
 def only(opts):
     """--only: one side or job in this process; its JSON result on one line."""
+    # The variant's flags where `import rapidgpt` looks for them, as on a user's command line (with
+    # --graph-kernel-fusion off it leaves OpenMP's wait policy alone, rapidgpt/config/kernel_fusion.py).
+    sys.argv[1:] = [str(flag) for flag in VARIANTS[opts.variant]]
     if opts.only == "rapidgpt":
         result = run_rapidgpt(opts, VARIANTS[opts.variant])
     elif opts.only == "baseline":

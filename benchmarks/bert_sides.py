@@ -2,7 +2,7 @@
 plain-MindSpore BERT, on the same synthetic BERT batches.
 
 Both train the same BERT (post-LayerNorm layers, exact GELU, masked-LM head tied to the word
-embeddings, sentence-order head) with the bench's sizes (benchmarks/bench_pretrain.py MODEL), fp32,
+embeddings, sentence-order head) with the bench's sizes (benchmarks/bench_pretrain.py MODELS), fp32,
 dropout 0.1, AdamW, on items shaped like rapidgpt/data/bert_dataset.py's: 15% of the positions
 predicted, token types 0 then 1, no padding, a random sentence-order label.
 """

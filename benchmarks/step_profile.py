@@ -22,16 +22,23 @@ import re
 import shutil
 import tempfile
 
-# (category, pattern over "op_type", first match wins); scope decides forward/backward/optimizer.
+# (category, pattern over the op type's "_"-separated names, first match wins); a fused kernel's
+# type names its ops (GraphKernel_Reshape_Add_GeLU_Reshape_fusion). The scope decides the phase.
+def _ops(*names):
+    return re.compile(r"(?:^|_)(?:" + "|".join(names) + r")(?:_|$)")
+
+
 KERNEL_CATEGORIES = (
-    ("matmuls", re.compile(r"MatMul")),
-    ("dropout masks", re.compile(r"Bitwise|RightShift|GreaterEqual")),
-    ("softmax, mask, loss", re.compile(r"Softmax|MaskedFill|ReduceMax|Exp|Log|GatherD|Equal")),
-    ("layer norm", re.compile(r"LayerNorm")),
-    ("gelu", re.compile(r"GeLU|Gelu")),
-    ("AdamW", re.compile(r"Adam")),
-    ("copies (slice, transpose, cast, ...)", re.compile(r"StridedSlice|Transpose|Cast|Tile|Concat|TensorMove|"
-                                                        r"Reshape|ZerosLike|Gather")),
+    ("matmuls", _ops("MatMul", "BatchMatMul", "MatMulExt")),
+    ("dropout masks", _ops("BitwiseXor", "BitwiseOr", "BitwiseAnd", "RightShift", "GreaterEqual")),
+    ("softmax, mask, loss", _ops("Softmax", "SoftmaxGrad", "MaskedFill", "ReduceMax", "Exp", "Log", "GatherD",
+                                 "GatherDGradV2", "Equal")),
+    ("layer norm", _ops("LayerNorm", "LayerNormGrad")),
+    ("gelu", _ops("GeLU", "GeLUGrad")),
+    ("AdamW", _ops("Adam")),
+    ("copies (slice, transpose, cast, ...)", _ops("StridedSlice", "StridedSliceGrad", "Split", "Concat",
+                                                 "Transpose", "Cast", "Tile", "TensorMove", "Reshape",
+                                                 "ZerosLike", "Gather")),
     ("other elementwise and reductions", re.compile(r".")),
 )
 TIMING = re.compile(r"^\s+(batch-generator|forward-backward-optimizer) \.+: \(([\d.]+), ([\d.]+)\)")

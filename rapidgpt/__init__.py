@@ -8,9 +8,9 @@ importing MindSpore.
 """
 import importlib
 
-from rapidgpt.config.kernel_fusion import set_openmp_wait_policy
+from rapidgpt.config.kernel_fusion import set_openmp_environment
 
-set_openmp_wait_policy()          # before anything imports MindSpore (rapidgpt/config/kernel_fusion.py)
+set_openmp_environment()          # before anything imports MindSpore (rapidgpt/config/kernel_fusion.py)
 
 __version__ = "0.1.0"
 

@@ -1,11 +1,17 @@
 """Graph kernel fusion (--graph-kernel-fusion, rapidgpt/config/kernel_fusion.py): what auto/on/off
-decide from the machine, the one-line refusal, and a fused step against an unfused one."""
+decide from the machine, the one-line refusal, and the OpenMP settings `import rapidgpt` makes.
+The fused step's numbers are checked by every equivalence test (fusion is on where available) and
+set beside the unfused ones by benchmarks/bench_pretrain.py's same-model check."""
+import os
+import subprocess
+import sys
+
 import mindspore as ms
 import pytest
 
 from rapidgpt.config import kernel_fusion
-from rapidgpt.config.kernel_fusion import (KernelFusionConfig, check_kernel_fusion_backend, enable_kernel_fusion,
-                                           missing_requirements)
+from rapidgpt.config.kernel_fusion import (HALF_ON_CPU, KernelFusionConfig, check_kernel_fusion_backend,
+                                           enable_kernel_fusion, missing_requirements)
 from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.flag_parser import ArgumentError
 
@@ -50,9 +56,41 @@ def test_auto_falls_back_to_off_and_says_why(no_compiler):
     assert ms.get_context("enable_graph_kernel") is False
 
 
-def test_auto_leaves_other_devices_to_mindspores_default():
-    assert enable_kernel_fusion(KernelFusionConfig("auto"), "gpu").startswith("off (MindSpore's default on gpu")
+def test_16_bit_models_stay_unfused_on_the_cpu():
+    """AKG cannot build an fp16 step's fused casts (HALF_ON_CPU): auto leaves them unfused, on is refused."""
+    missing = missing_requirements("cpu")
+    state = enable_kernel_fusion(KernelFusionConfig("auto", half=True), "cpu")
+    assert state.startswith("off (needs " if missing else f"off (16-bit model: {HALF_ON_CPU})")
     assert ms.get_context("enable_graph_kernel") is False
+    refusal = "it needs" if missing else "not for a 16-bit model on the CPU: MindSpore's CPU kernel compiler"
+    with pytest.raises(ArgumentError, match=f"--graph-kernel-fusion on: {refusal}"):
+        RapidGPTEngine(argv=TINY + ["--graph-kernel-fusion", "on", "--fp16"])
+
+
+def test_auto_leaves_other_devices_to_mindspore():
+    ms.set_context(enable_graph_kernel=True)            # as a user may have set it
+    try:
+        assert enable_kernel_fusion(KernelFusionConfig("auto"), "gpu").startswith("off unless set in MindSpore")
+        assert ms.get_context("enable_graph_kernel") is True
+    finally:
+        ms.set_context(enable_graph_kernel=False)
+
+
+@pytest.mark.parametrize("args,policy,threads", [
+    ([], "passive", None),
+    (["--cpu-threads", "3"], "passive", "3"),
+    (["--graph-kernel-fusion=off", "--cpu-threads", "3"], None, None),
+])
+def test_import_rapidgpt_sets_openmp_before_mindspore_loads(args, policy, threads):
+    """`import rapidgpt` (no MindSpore yet) reads the command line: passive threads and --cpu-threads
+    for the fused kernels' OpenMP, nothing with --graph-kernel-fusion off or without fusion."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    code = ("import os, sys, rapidgpt; print('mindspore' in sys.modules, os.environ.get('OMP_WAIT_POLICY'), "
+            "os.environ.get('OMP_NUM_THREADS'))")
+    out = subprocess.run([sys.executable, "-c", code] + args, env=env, capture_output=True, text=True, check=True)
+    if missing_requirements("cpu"):
+        policy = threads = None
+    assert out.stdout.split() == ["False", str(policy), str(threads)]
 
 
 def test_auto_is_on_where_the_requirements_are(tmp_path, monkeypatch):
@@ -62,7 +100,7 @@ def test_auto_is_on_where_the_requirements_are(tmp_path, monkeypatch):
         if missing_requirements("cpu"):
             assert state.startswith("off (needs ")
         else:
-            assert state.startswith(f"on (MindSpore's enable_graph_kernel, kernels cached in {tmp_path / 'kernels'})")
+            assert state == f"on (MindSpore's enable_graph_kernel, kernels cached in {tmp_path / 'kernels'})"
             assert ms.get_context("enable_graph_kernel") is True
         assert enable_kernel_fusion(KernelFusionConfig("off"), "cpu") == "off (--graph-kernel-fusion off)"
         assert ms.get_context("enable_graph_kernel") is False

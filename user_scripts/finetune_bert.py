@@ -24,13 +24,16 @@ Rapidformer's four hooks:
 import sys
 
 import numpy as np
-from mindspore import ops
 
 from rapidgpt import Finetuner, RapidGPTEngine, get_args, get_tokenizer
 from rapidgpt.data.classification import BertClassificationDataset, Example, classification_datasets
 from rapidgpt.data.demo_corpus import demo_bert_corpus
 from rapidgpt.models.bert import build_bert_classifier
 from rapidgpt.training.metrics import evaluate_classification
+
+# MindSpore after rapidgpt: importing rapidgpt sets OMP_WAIT_POLICY before MindSpore loads OpenMP
+# (rapidgpt/config/kernel_fusion.py)
+from mindspore import ops
 
 LABELS = ["next", "random"]
 

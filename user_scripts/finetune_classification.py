@@ -33,12 +33,15 @@ random order; the label is the topic. A model must look at the words, not at the
 import sys
 
 import numpy as np
-from mindspore import nn, ops
 
 from rapidgpt import Finetuner, RapidGPTEngine, get_args, get_tokenizer
 from rapidgpt.data.classification import ClassificationDataset, Example, classification_datasets
 from rapidgpt.models import build_gpt_model
 from rapidgpt.training.metrics import evaluate_classification
+
+# MindSpore after rapidgpt: importing rapidgpt sets OMP_WAIT_POLICY before MindSpore loads OpenMP
+# (rapidgpt/config/kernel_fusion.py)
+from mindspore import nn, ops
 
 
 # ----------------------------------------------------------------------------------------------

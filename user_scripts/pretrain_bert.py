@@ -25,13 +25,15 @@ BERT flags: --mask-prob (0.15), --short-seq-prob (0.1), --bert-no-binary-head (m
 import sys
 from functools import partial
 
-from mindspore import ops
-import mindspore as ms
-
 from rapidgpt import Pretrainer, RapidGPTEngine, get_args, get_tokenizer, next_batch
 from rapidgpt.data.bert_dataset import BertDatasetConfig
 from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
 from rapidgpt.models.bert import build_bert_model
+
+# MindSpore after rapidgpt: importing rapidgpt sets OMP_WAIT_POLICY before MindSpore loads OpenMP
+# (rapidgpt/config/kernel_fusion.py)
+from mindspore import ops
+import mindspore as ms
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Typed configuration per concern, built once from the flags (Megatron-core's config objects).
 
 Each module holds its feature's flags, their defaults and their validation, and imports no
-MindSpore: the command line is checked before MindSpore loads.
+MindSpore at import time: the command line is checked before MindSpore loads.
 """

@@ -10,22 +10,29 @@ half of a step's time is outside the matrix products.
 What it needs on the CPU: MindSpore compiles the fused kernels with its bundled AKG/TVM at the
 first step, which imports the `decorator` package (a RapidGPT dependency) and links each kernel
 with `g++`. Compiled kernels are cached in `MS_COMPILER_CACHE_PATH` (RapidGPT's default:
-`graph_kernels/` in its cache, `~/.cache/rapidgpt` or $RAPIDGPT_CACHE_DIR), so a kernel is built
-once per machine (the first step of a new model shape compiles for longer: +17 s for a tiny GPT,
-+30 s for the bench model; a cached kernel costs nothing). A kernel that has to be built leaves
+`graph_kernels/mindspore-<version>/` in its cache, `~/.cache/rapidgpt` or $RAPIDGPT_CACHE_DIR),
+so a kernel is built once per machine (the first step of a new model shape compiles for longer:
++17 s for a tiny GPT, +30 s for the bench model; a cached kernel costs nothing). A kernel that has to be built leaves
 AKG's `dsa_transfrom.log` in the working directory (its lock file, `kernel_build_tmp.key`, goes
 into the cache).
 
 OpenMP: the fused CPU kernels run on OpenMP threads (libgomp), which by default spin after each
 kernel and take the cores MindSpore's own kernels need next: on the bench model the fused step ran
-at 969 tokens/s with spinning threads and 1394 with `OMP_WAIT_POLICY=passive` (unfused: 1060 and
-952). libgomp reads the variable once, when `import mindspore` loads it, so `import rapidgpt` sets
-it to passive beforehand (`set_openmp_wait_policy`) where fusion can be on, unless it is set
-already; the start-up line warns when MindSpore was imported first.
+at 969 tokens/s with spinning threads and 1394 with `OMP_WAIT_POLICY=passive` (unfused, the
+other way round: 1060 and 952). libgomp reads the variable once, when `import mindspore` loads it, so `import rapidgpt` sets
+it to passive beforehand (`set_openmp_environment`) where fusion can be on, unless it is set
+already or the command line says `--graph-kernel-fusion off`; the start-up line warns when
+MindSpore was imported first.
 
-auto (the default) turns it on on the CPU where both are present and says why not otherwise, in
-the start-up line; on Ascend/GPU it stays MindSpore's default (off) unless `on` is given. `on`
-where a requirement is missing is an error naming it.
+MindSpore 2.10 logs that `enable_graph_kernel` is deprecated in favour of
+`jit_config={"jit_level": "O1"}`; on the CPU that replacement does not fuse (measured: a GELU
+forward and backward of `[1024, 1024]` took 83 ms with it, 60 ms plain, 5.7 ms with
+enable_graph_kernel), so RapidGPT keeps the working switch and sets it only when it changes.
+
+auto (the default) turns it on on the CPU where both are present, for fp32 models, and says why
+not otherwise in the start-up line; 16-bit models on the CPU stay unfused (HALF_ON_CPU below); on
+Ascend/GPU MindSpore's own setting is left as it is unless `on` is given. `on` where it cannot
+work is an error naming the reason.
 
 Numerics: the fused kernels compute the same formulas in a different order (and tanh/exp by their
 own approximations), so losses differ from an unfused run in the 5th significant digit. Every run
@@ -44,10 +51,18 @@ CHOICES = ("auto", "on", "off")
 @dataclass(frozen=True)
 class KernelFusionConfig:
     mode: str = "auto"
+    half: bool = False          # a 16-bit model (--fp16/--bf16)
 
     @classmethod
     def from_args(cls, args):
-        return cls(args.graph_kernel_fusion)
+        return cls(args.graph_kernel_fusion, args.precision.half)
+
+
+# Measured with MindSpore 2.10: AKG fails to build a fused kernel of an fp16 step on the CPU
+# ("Check failed: attr->IsInstance<StringImm>()" in GetDstTypeFromAttrs, for a fused pair of
+# casts), and the step then fails at its first compile; fp16 is slower than fp32 on the CPU anyway.
+HALF_ON_CPU = ("MindSpore's CPU kernel compiler (AKG) fails to build the fused casts of a 16-bit step "
+               "(measured with --fp16, MindSpore 2.10)")
 
 
 def add_kernel_fusion_args(parser):
@@ -77,11 +92,30 @@ def missing_requirements(device):
     return missing
 
 
-def set_openmp_wait_policy():
-    """OMP_WAIT_POLICY=passive before MindSpore loads libgomp, where fusion can be on and the user has
-    not chosen a policy (called by `import rapidgpt`). Too late once mindspore is imported."""
-    if "OMP_WAIT_POLICY" not in os.environ and "mindspore" not in sys.modules and not missing_requirements("cpu"):
-        os.environ["OMP_WAIT_POLICY"] = "passive"
+def _flag_value(argv, flag):
+    """The value a command line gives `flag` (`--flag v` or `--flag=v`), or None."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def set_openmp_environment(argv=None):
+    """Where fusion can be on, before MindSpore loads libgomp (called by `import rapidgpt`; too late
+    once mindspore is imported): OMP_WAIT_POLICY=passive, and OMP_NUM_THREADS from --cpu-threads
+    (the fused kernels' OpenMP teams do not follow MindSpore's threads_num; msrun gives its workers
+    OMP_NUM_THREADS=1). A variable already set is kept. A command line (`argv`, default sys.argv)
+    with `--graph-kernel-fusion off` changes nothing: the unfused step is faster with libgomp's
+    default policy (the numbers in this module's docstring)."""
+    argv = sys.argv if argv is None else argv
+    if "mindspore" in sys.modules or _flag_value(argv, "--graph-kernel-fusion") == "off" or missing_requirements("cpu"):
+        return
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    threads = _flag_value(argv, "--cpu-threads")
+    if threads and threads.isdigit() and int(threads) > 0:
+        os.environ.setdefault("OMP_NUM_THREADS", threads)
 
 
 def openmp_note():
@@ -94,42 +128,61 @@ def openmp_note():
             f"OMP_WAIT_POLICY=passive")
 
 
-def kernel_cache_dir():
-    """Where the compiled kernels are kept between runs: graph_kernels/ in RapidGPT's cache."""
+_CACHE_SET_HERE = None      # the MS_COMPILER_CACHE_PATH this module set (a user's own is left alone)
+
+
+def use_kernel_cache():
+    """Point MS_COMPILER_CACHE_PATH (where MindSpore keeps compiled kernels; its default is the
+    working directory) at graph_kernels/mindspore-<version>/ in RapidGPT's cache, unless the user
+    set it; create it. Returns the path (OSError when it cannot be created)."""
+    global _CACHE_SET_HERE
+    import mindspore as ms
     from rapidgpt.utils import cache_root
-    return os.path.join(cache_root(), "graph_kernels")
+
+    path = os.environ.get("MS_COMPILER_CACHE_PATH")
+    if path is None or path == _CACHE_SET_HERE:
+        path = _CACHE_SET_HERE = os.path.join(cache_root(), "graph_kernels", f"mindspore-{ms.__version__}")
+        os.environ["MS_COMPILER_CACHE_PATH"] = path
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def check_kernel_fusion_backend(config, device):
-    """One line instead of a failure at the first compile: `on` where a requirement is missing."""
+    """One line instead of a failure at the first compile: `on` where a requirement is missing, or
+    for a 16-bit model on the CPU."""
     missing = missing_requirements(device)
     if config.mode == "on" and missing:
         return (f"--graph-kernel-fusion on: it needs {' and '.join(missing)}; install them, or use "
                 f"--graph-kernel-fusion auto (on where they are present) or off")
+    if config.mode == "on" and config.half and device == "cpu":
+        return f"--graph-kernel-fusion on: not for a 16-bit model on the CPU: {HALF_ON_CPU}; use auto or off"
     return None
 
 
 def enable_kernel_fusion(config, device):
     """Switch fusion on or off as `config` says for `device` (checked by check_kernel_fusion_backend),
-    before anything compiles (a process may run several engines: each sets it). Returns what the
-    start-up line says."""
+    before anything compiles (a process may run several engines: each sets it; auto on Ascend/GPU
+    leaves MindSpore's setting as it is). Returns what the start-up line says."""
     import mindspore as ms
 
     missing = missing_requirements(device)
+    if config.mode == "auto" and device != "cpu":
+        return f"off unless set in MindSpore (its default on {device}; --graph-kernel-fusion on to try it)"
     if config.mode == "off":
         state = "off (--graph-kernel-fusion off)"
-    elif config.mode == "auto" and device != "cpu":
-        state = f"off (MindSpore's default on {device}; --graph-kernel-fusion on to try it)"
     elif missing:
         state = f"off (needs {' and '.join(missing)})"
+    elif config.half and device == "cpu":
+        state = f"off (16-bit model: {HALF_ON_CPU})"
+    elif device != "cpu":
+        state = "on (MindSpore's enable_graph_kernel)"
     else:
-        state = "on (MindSpore's enable_graph_kernel"
-        if device == "cpu":
-            # A user's own MS_COMPILER_CACHE_PATH wins; MindSpore's default is the working directory.
-            os.environ.setdefault("MS_COMPILER_CACHE_PATH", kernel_cache_dir())
-            os.makedirs(os.environ["MS_COMPILER_CACHE_PATH"], exist_ok=True)
-            state += f", kernels cached in {os.environ['MS_COMPILER_CACHE_PATH']}){openmp_note()}"
-        else:
-            state += ")"
-    ms.set_context(enable_graph_kernel=state.startswith("on"))
+        try:
+            cache = use_kernel_cache()
+            state = f"on (MindSpore's enable_graph_kernel, kernels cached in {cache}){openmp_note()}"
+        except OSError as error:
+            state = f"off (no kernel cache: {error}; set MS_COMPILER_CACHE_PATH to a writable directory)"
+    on = state.startswith("on")
+    if ms.get_context("enable_graph_kernel") != on:       # MindSpore 2.10 warns "deprecated" at every set
+        ms.set_context(enable_graph_kernel=on)
     return state

@@ -7,13 +7,16 @@ import subprocess
 import sys
 
 import mindspore as ms
+import numpy as np
 import pytest
+from mindspore import Tensor, ops
 
 from rapidgpt.config import kernel_fusion
 from rapidgpt.config.kernel_fusion import (HALF_ON_CPU, KernelFusionConfig, check_kernel_fusion_backend,
                                            enable_kernel_fusion, missing_requirements)
 from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.flag_parser import ArgumentError
+from rapidgpt.models.transformer import mask_scores
 
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
         "--vocab-size", "50", "--micro-batch-size", "4", "--no-progress-bar", "--seed", "7", "--device", "cpu",
@@ -95,6 +98,7 @@ def test_import_rapidgpt_sets_openmp_before_mindspore_loads(args, policy, thread
 
 def test_auto_is_on_where_the_requirements_are(tmp_path, monkeypatch):
     monkeypatch.setenv("MS_COMPILER_CACHE_PATH", str(tmp_path / "kernels"))
+    monkeypatch.delenv("MS_DEV_GRAPH_KERNEL_FLAGS", raising=False)
     state = enable_kernel_fusion(KernelFusionConfig("auto"), "cpu")
     try:
         if missing_requirements("cpu"):
@@ -102,7 +106,35 @@ def test_auto_is_on_where_the_requirements_are(tmp_path, monkeypatch):
         else:
             assert state == f"on (MindSpore's enable_graph_kernel, kernels cached in {tmp_path / 'kernels'})"
             assert ms.get_context("enable_graph_kernel") is True
+            assert os.environ["MS_DEV_GRAPH_KERNEL_FLAGS"] == \
+                "--enable_expand_ops=LayerNorm,LayerNormGrad,Softmax,SoftmaxGrad"
         assert enable_kernel_fusion(KernelFusionConfig("off"), "cpu") == "off (--graph-kernel-fusion off)"
         assert ms.get_context("enable_graph_kernel") is False
     finally:
         ms.set_context(enable_graph_kernel=False)
+
+
+def test_a_users_own_graph_kernel_flags_are_kept(monkeypatch):
+    monkeypatch.setenv("MS_DEV_GRAPH_KERNEL_FLAGS", "--dump_as_text")
+    kernel_fusion.expand_composite_kernels()
+    assert os.environ["MS_DEV_GRAPH_KERNEL_FLAGS"] == "--dump_as_text"
+
+
+@pytest.mark.parametrize("dtype", [ms.float32, ms.float16])
+def test_fusable_attention_mask_is_megatrons_masked_fill(dtype):
+    """mask_scores writes fp32 masking as arithmetic (which fusion fuses): the same scores and the
+    same gradient as masked_fill(mask, -10000), bit for bit; 16-bit scores use masked_fill itself."""
+    rng = np.random.default_rng(0)
+    scores = Tensor(rng.standard_normal((2, 3, 5, 5)).astype(np.float32) * 30, dtype)
+    mask = Tensor(np.triu(np.ones((5, 5), bool), 1).reshape(1, 1, 5, 5))
+    weights = Tensor(rng.standard_normal((2, 3, 5, 5)).astype(np.float32), dtype)
+
+    def megatron(x):
+        return (ops.masked_fill(x, mask, -10000.0) * weights).sum()
+
+    def ours(x):
+        return (mask_scores(x, mask) * weights).sum()
+
+    np.testing.assert_array_equal(mask_scores(scores, mask).asnumpy(), ops.masked_fill(scores, mask, -10000.0).asnumpy())
+    for fn in (ms.jit(ops.grad(megatron)), ops.grad(megatron)):
+        np.testing.assert_array_equal(ops.grad(ours)(scores).asnumpy(), fn(scores).asnumpy())

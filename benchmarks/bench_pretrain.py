@@ -629,7 +629,8 @@ def main():
                 print(f"  round {round_} rapidgpt {variant}: {text}", flush=True)
     if not opts.no_profile and opts.model == "gpt":
         from step_profile import print_profile
-        print_profile(run_side("profile", opts))
+        unprofiled = min((r["median_s_per_iter"] * 1000.0 for r in runs.get("rapidgpt", [])), default=None)
+        print_profile(run_side("profile", opts), unprofiled)
     if others:
         print_variants(max(runs["rapidgpt"], key=lambda r: r["tokens_per_s"]), others)
     every = [r for results in list(runs.values()) + list(others.values()) for r in results]

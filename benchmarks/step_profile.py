@@ -114,8 +114,10 @@ def run_profile(opts, bench):
             "timers": {name: sum(v) / len(v) for name, v in timings.items() if v}}
 
 
-def print_profile(result):
-    """The breakdown table of a profile result (the JSON of `--only profile`)."""
+def print_profile(result, unprofiled_ms=None):
+    """The breakdown table of a profile result (the JSON of `--only profile`); `unprofiled_ms`: the
+    same step's time without the profiler, measured in the same run (the profiler slows every
+    kernel: read the shares, not the milliseconds)."""
     kernels, wall = result["kernels"], result["wall_ms"]
     data = result["timers"].get("batch-generator", 0.0)
     total = sum(kernels.values())
@@ -134,3 +136,6 @@ def print_profile(result):
     print(f"  {'data (the batch-generator timer)':38s} {pad} {data:9.1f} {data / wall:6.1%}")
     print(f"  {'host (the rest of the iteration)':38s} {pad} {host:9.1f} {host / wall:6.1%}")
     print(f"  {'iteration (wall, profiler on)':38s} {pad} {wall:9.1f}")
+    if unprofiled_ms:
+        print(f"  {'iteration without the profiler':38s} {pad} {unprofiled_ms:9.1f}   (best median of the rounds "
+              f"above; the profiler slows the kernels: read the shares)")

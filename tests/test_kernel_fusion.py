@@ -98,7 +98,6 @@ def test_import_rapidgpt_sets_openmp_before_mindspore_loads(args, policy, thread
 
 def test_auto_is_on_where_the_requirements_are(tmp_path, monkeypatch):
     monkeypatch.setenv("MS_COMPILER_CACHE_PATH", str(tmp_path / "kernels"))
-    monkeypatch.delenv("MS_DEV_GRAPH_KERNEL_FLAGS", raising=False)
     state = enable_kernel_fusion(KernelFusionConfig("auto"), "cpu")
     try:
         if missing_requirements("cpu"):
@@ -106,18 +105,10 @@ def test_auto_is_on_where_the_requirements_are(tmp_path, monkeypatch):
         else:
             assert state == f"on (MindSpore's enable_graph_kernel, kernels cached in {tmp_path / 'kernels'})"
             assert ms.get_context("enable_graph_kernel") is True
-            assert os.environ["MS_DEV_GRAPH_KERNEL_FLAGS"] == \
-                "--enable_expand_ops=LayerNorm,LayerNormGrad,Softmax,SoftmaxGrad"
         assert enable_kernel_fusion(KernelFusionConfig("off"), "cpu") == "off (--graph-kernel-fusion off)"
         assert ms.get_context("enable_graph_kernel") is False
     finally:
         ms.set_context(enable_graph_kernel=False)
-
-
-def test_a_users_own_graph_kernel_flags_are_kept(monkeypatch):
-    monkeypatch.setenv("MS_DEV_GRAPH_KERNEL_FLAGS", "--dump_as_text")
-    kernel_fusion.expand_composite_kernels()
-    assert os.environ["MS_DEV_GRAPH_KERNEL_FLAGS"] == "--dump_as_text"
 
 
 @pytest.mark.parametrize("dtype", [ms.float32, ms.float16])

@@ -34,6 +34,16 @@ not otherwise in the start-up line; 16-bit models on the CPU stay unfused (HALF_
 Ascend/GPU MindSpore's own setting is left as it is unless `on` is given. `on` where it cannot
 work is an error naming the reason.
 
+Not used: fusion can also expand MindSpore's CPU LayerNorm and Softmax kernels into elementwise ops
+and reductions and fuse those (`MS_DEV_GRAPH_KERNEL_FLAGS=--enable_expand_ops=LayerNorm,LayerNormGrad`).
+It is fast -- a LayerNorm forward and backward of `[1024, 256]` took 8.7 ms as the kernel and 1.3 ms
+expanded, and the bench model's step ran ~15% faster -- but with MindSpore 2.10 the expanded
+LayerNorm computes a wrong forward at TP=2 with selective recompute (the first loss 8.3218 instead
+of 8.3290, which TP=2 without recompute, and the same run without the expansion, print), and it
+makes the rounding of LayerNorm depend on the fused neighbours, so a pipeline stage and the single
+process round it differently (tied embedding elements 1.9e-5 apart after 12 steps, against 1e-5
+allowed). Measured 2026-11-26; worth trying again with a later MindSpore.
+
 Numerics: the fused kernels compute the same formulas in a different order (and tanh/exp by their
 own approximations), so losses differ from an unfused run in the 5th significant digit. Every run
 of a layout uses the same kernels, so the parallel layouts still reproduce the single-process run
@@ -147,21 +157,6 @@ def use_kernel_cache():
     return path
 
 
-# MindSpore's CPU LayerNorm and Softmax kernels (forward and gradient) are single-purpose kernels
-# that fusion leaves alone unless told to expand them into their elementwise ops and reductions,
-# which it then fuses with their neighbours. Measured on the CPU: a LayerNorm forward and backward
-# of [1024, 256] took 8.7 ms as the kernels and 1.3 ms expanded; the bench model's step went from
-# ~2150 to ~2480 tokens/s (LayerNorm; Softmax adds a little).
-EXPANDED_OPS = ("LayerNorm", "LayerNormGrad", "Softmax", "SoftmaxGrad")
-
-
-def expand_composite_kernels():
-    """Ask fusion to expand EXPANDED_OPS, through MS_DEV_GRAPH_KERNEL_FLAGS (read at each compile;
-    MindSpore's replacement for the deprecated graph_kernel_flags setting). A user's own value of
-    the variable is kept."""
-    os.environ.setdefault("MS_DEV_GRAPH_KERNEL_FLAGS", "--enable_expand_ops=" + ",".join(EXPANDED_OPS))
-
-
 def check_kernel_fusion_backend(config, device):
     """One line instead of a failure at the first compile: `on` where a requirement is missing, or
     for a 16-bit model on the CPU."""
@@ -194,7 +189,6 @@ def enable_kernel_fusion(config, device):
     else:
         try:
             cache = use_kernel_cache()
-            expand_composite_kernels()
             state = f"on (MindSpore's enable_graph_kernel, kernels cached in {cache}){openmp_note()}"
         except OSError as error:
             state = f"off (no kernel cache: {error}; set MS_COMPILER_CACHE_PATH to a writable directory)"

@@ -1,6 +1,6 @@
 """Graph kernel fusion: MindSpore's `enable_graph_kernel`, which fuses the compiled step's chains
-of elementwise ops and reductions (GELU and its gradient, dropout, LayerNorm's gradient, the
-loss, AdamW) into generated kernels. Flag: `--graph-kernel-fusion auto|on|off`.
+of elementwise ops and reductions (GELU and its gradient, dropout, the attention mask and
+scaling, the loss, AdamW) into generated kernels. Flag: `--graph-kernel-fusion auto|on|off`.
 
 Why it matters (measured on the bench model, benchmarks/bench_pretrain.py): MindSpore's CPU
 backend runs most elementwise ops as separate, scalar kernels -- one GELU forward and backward of

@@ -16,7 +16,10 @@ from rapidgpt.config.kernel_fusion import (HALF_ON_CPU, KernelFusionConfig, chec
                                            enable_kernel_fusion, missing_requirements)
 from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.flag_parser import ArgumentError
-from rapidgpt.models.transformer import mask_scores
+from rapidgpt.config.precision import PrecisionConfig
+from rapidgpt.config.recompute import RecomputeConfig
+from rapidgpt.models.transformer import LayerNorm, mask_scores
+from rapidgpt.training.model_transforms import prepare_model
 
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
         "--vocab-size", "50", "--micro-batch-size", "4", "--no-progress-bar", "--seed", "7", "--device", "cpu",
@@ -130,3 +133,56 @@ def test_fusable_attention_mask_is_megatrons_masked_fill(dtype):
     for compile_ in (ms.jit, lambda fn: fn):
         np.testing.assert_array_equal(compile_(ops.grad(ours))(scores).asnumpy(),
                                       compile_(ops.grad(megatron))(scores).asnumpy())
+
+
+def numpy_layer_norm(x, gamma, beta, dy, eps):
+    """float64 LayerNorm over the last axis and its gradients (x, gamma, beta) for the output
+    gradient `dy`, written from the formula."""
+    x, dy = x.astype(np.float64), dy.astype(np.float64)
+    centred = x - x.mean(-1, keepdims=True)
+    inv_std = 1.0 / np.sqrt((centred ** 2).mean(-1, keepdims=True) + eps)
+    normed = centred * inv_std
+    d_normed = dy * gamma
+    dx = inv_std * (d_normed - d_normed.mean(-1, keepdims=True) - normed * (d_normed * normed).mean(-1, keepdims=True))
+    tokens = tuple(range(x.ndim - 1))
+    return normed * gamma + beta, dx, (dy * normed).sum(tokens), dy.sum(tokens)
+
+
+def test_composite_layer_norm_is_the_layer_norm_and_is_used_where_the_step_is_fused(tmp_path, monkeypatch):
+    """Where fusion is on on the CPU, prepare_model makes RapidGPT's fp32 LayerNorms composite ops
+    (rapidgpt/models/transformer.py: why): the values and gradients of a float64 LayerNorm, as
+    MindSpore's kernel gives them, eagerly (a pipeline stage's final LayerNorm runs op by op) and
+    compiled with fusion on. A LayerNorm over other axes keeps the kernel."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 16, 64)).astype(np.float32) * 3 + 1
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    gamma, beta = 1 + 0.1 * rng.standard_normal(64), 0.1 * rng.standard_normal(64)
+    expected = numpy_layer_norm(x, gamma, beta, dy, 1e-5)
+
+    def values_and_grads(norm, compile_):
+        norm.gamma.set_data(Tensor(gamma, ms.float32))
+        norm.beta.set_data(Tensor(beta, ms.float32))
+
+        def loss(x):
+            return (norm(x) * Tensor(dy)).sum()
+        grads = compile_(ms.value_and_grad(loss, grad_position=0, weights=norm.trainable_params()))(Tensor(x))[1]
+        return [norm(Tensor(x)).asnumpy(), grads[0].asnumpy(), *(g.asnumpy() for g in grads[1])]
+
+    def check(norm, compile_):
+        for ours, exact in zip(values_and_grads(norm, compile_), expected):
+            np.testing.assert_allclose(ours, exact, rtol=0, atol=2e-5 * np.abs(exact).max())
+
+    kernel, composite = LayerNorm((64,), epsilon=1e-5), LayerNorm((64,), epsilon=1e-5)
+    composite.composite = True
+    for norm in (kernel, composite):
+        check(norm, lambda fn: fn)
+    monkeypatch.setenv("MS_COMPILER_CACHE_PATH", str(tmp_path / "kernels"))
+    try:
+        state = enable_kernel_fusion(KernelFusionConfig("auto"), "cpu")
+        other_axes = LayerNorm((16, 64), begin_norm_axis=1, begin_params_axis=1)
+        model = prepare_model(ms.nn.SequentialCell([LayerNorm((64,), epsilon=1e-5), other_axes]),
+                              PrecisionConfig(), RecomputeConfig())
+        assert [model[0].composite, other_axes.composite] == [state.startswith("on"), False]
+        check(composite, ms.jit)
+    finally:
+        ms.set_context(enable_graph_kernel=False)

@@ -1,6 +1,6 @@
 """Graph kernel fusion: MindSpore's `enable_graph_kernel`, which fuses the compiled step's chains
 of elementwise ops and reductions (GELU and its gradient, dropout, the attention mask and
-scaling, the loss, AdamW) into generated kernels. Flag: `--graph-kernel-fusion auto|on|off`.
+scaling, LayerNorm, the loss, AdamW) into generated kernels. Flag: `--graph-kernel-fusion auto|on|off`.
 
 Why it matters (measured on the bench model, benchmarks/bench_pretrain.py): MindSpore's CPU
 backend runs most elementwise ops as separate, scalar kernels -- one GELU forward and backward of
@@ -34,15 +34,18 @@ not otherwise in the start-up line; 16-bit models on the CPU stay unfused (HALF_
 Ascend/GPU MindSpore's own setting is left as it is unless `on` is given. `on` where it cannot
 work is an error naming the reason.
 
-Not used: fusion can also expand MindSpore's CPU LayerNorm and Softmax kernels into elementwise ops
-and reductions and fuse those (`MS_DEV_GRAPH_KERNEL_FLAGS=--enable_expand_ops=LayerNorm,LayerNormGrad`).
-It is fast -- a LayerNorm forward and backward of `[1024, 256]` took 8.7 ms as the kernel and 1.3 ms
-expanded, and the bench model's step ran ~15% faster -- but with MindSpore 2.10 the expanded
-LayerNorm computes a wrong forward at TP=2 with selective recompute (the first loss 8.3218 instead
-of 8.3290, which TP=2 without recompute, and the same run without the expansion, print), and it
-makes the rounding of LayerNorm depend on the fused neighbours, so a pipeline stage and the single
-process round it differently (tied embedding elements 1.9e-5 apart after 12 steps, against 1e-5
-allowed). Measured 2026-11-26; worth trying again with a later MindSpore.
+LayerNorm: MindSpore's CPU LayerNorm kernels are slow (forward and backward of `[1024, 256]`: 8.7
+ms; the same as fused elementwise ops and reductions: 1.3 ms). Where fusion is on on the CPU,
+RapidGPT's LayerNorm is therefore written as those ops (`composite_layer_norm` in
+rapidgpt/models/transformer.py, switched on by rapidgpt/training/model_transforms.py): the bench
+model's step ran 13-16% faster (benchmarks/bench_pretrain.py --only rapidgpt, alternating runs).
+Not used: MindSpore's own expansion of its LayerNorm kernels into such ops
+(`MS_DEV_GRAPH_KERNEL_FLAGS=--enable_expand_ops=LayerNorm,LayerNormGrad`): with MindSpore 2.10 it
+computes a wrong forward at TP=2 with selective recompute (the first loss 8.3218 instead of 8.3290,
+which TP=2 without recompute, and the same run without the expansion, print), and a pipeline stage
+and the single process round it differently (tied embedding elements 1.9e-5 apart after 12 steps,
+against 1e-5 allowed). RapidGPT's composite form passes both of those equivalence tests. Measured
+2026-11-26.
 
 Numerics: the fused kernels compute the same formulas in a different order (and tanh/exp by their
 own approximations), so losses differ from an unfused run in the 5th significant digit. Every run
@@ -167,6 +170,13 @@ def check_kernel_fusion_backend(config, device):
     if config.mode == "on" and config.half and device == "cpu":
         return f"--graph-kernel-fusion on: not for a 16-bit model on the CPU: {HALF_ON_CPU}; use auto or off"
     return None
+
+
+def fuses_on_cpu():
+    """Whether the compiled step is fused on the CPU (`enable_kernel_fusion` switched it on)."""
+    import mindspore as ms
+
+    return ms.get_context("device_target") == "CPU" and bool(ms.get_context("enable_graph_kernel"))
 
 
 def enable_kernel_fusion(config, device):

@@ -20,13 +20,17 @@ cast, so the pieces are in the model's dtype.
 Recompute (rapidgpt/config/recompute.py): RapidGPT's transformer layers, or the `layers` list of a
 user's model (an nn.CellList/SequentialCell whose cells the model runs in order), see
 `apply_recompute`.
+
+Kernel fusion (rapidgpt/config/kernel_fusion.py): where it is on on the CPU, RapidGPT's fp32
+LayerNorms are written as the ops fusion fuses (`use_composite_layer_norm`).
 """
 import mindspore as ms
 from mindspore import nn
 
+from rapidgpt.config.kernel_fusion import fuses_on_cpu
 from rapidgpt.errors import UserError
 from rapidgpt.models.gpt import LanguageModelHead
-from rapidgpt.models.transformer import CoreAttention, TransformerLayers
+from rapidgpt.models.transformer import CoreAttention, LayerNorm, TransformerLayers
 from rapidgpt.parallel.fully_sharded import FullyShardedModelError, regather_in_backward, shard_model_parameters
 from rapidgpt.parallel.random import Dropout
 
@@ -41,6 +45,8 @@ def prepare_model(model, precision, recompute, logger=None, jit=True, compile_la
     recompute cannot save memory)."""
     if precision.half:
         cast_to_half(model, _HALF[precision.params_dtype])
+    if fuses_on_cpu():
+        use_composite_layer_norm(model)
     sharded = []
     if zero is not None and zero.stage == 3:
         gather_in_fp32 = precision.half and precision.accumulate_allreduce_grads_in_fp32
@@ -88,6 +94,14 @@ def cast_to_half(model, dtype):
         if _is_rapidgpt_cell(cell) or cell.name_cells():
             continue            # RapidGPT's own rules; a container's leaves are treated one by one
         cell.to_float(ms.float32 if isinstance(cell, keep_fp32) else dtype)
+
+
+def use_composite_layer_norm(model):
+    """RapidGPT's LayerNorms over the last axis compute as composite ops, which graph kernel fusion
+    fuses (rapidgpt.models.transformer.composite_layer_norm: why). Others keep MindSpore's kernel."""
+    for _, cell in model.cells_and_names():
+        if isinstance(cell, LayerNorm) and cell.begin_norm_axis == -1 and cell.begin_params_axis == -1:
+            cell.composite = True
 
 
 def compile_pipeline_stage(model, recompute):

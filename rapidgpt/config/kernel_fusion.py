@@ -34,13 +34,13 @@ not otherwise in the start-up line; 16-bit models on the CPU stay unfused (HALF_
 Ascend/GPU MindSpore's own setting is left as it is unless `on` is given. `on` where it cannot
 work is an error naming the reason.
 
-LayerNorm: MindSpore's CPU LayerNorm kernels are slow (forward and backward of `[1024, 256]`: 8.7
-ms; the same as fused elementwise ops and reductions: 1.3 ms). Where fusion is on on the CPU,
+LayerNorm: MindSpore's CPU LayerNorm kernels are slow (forward and backward of `[1024, 256]`:
+7.3-8.7 ms; the same as fused elementwise ops and reductions: 1.75 ms). Where fusion is on on the CPU,
 RapidGPT's LayerNorm is therefore written as those ops (`composite_layer_norm` in
 rapidgpt/models/transformer.py, switched on by rapidgpt/training/model_transforms.py): the bench
 model's step ran 13-16% faster (benchmarks/bench_pretrain.py --only rapidgpt, alternating runs).
 Not used: MindSpore's own expansion of its LayerNorm kernels into such ops
-(`MS_DEV_GRAPH_KERNEL_FLAGS=--enable_expand_ops=LayerNorm,LayerNormGrad`): with MindSpore 2.10 it
+(`MS_DEV_GRAPH_KERNEL_FLAGS=--enable_expand_ops=LayerNorm,LayerNormGrad`; 1.3 ms): with MindSpore 2.10 it
 computes a wrong forward at TP=2 with selective recompute (the first loss 8.3218 instead of 8.3290,
 which TP=2 without recompute, and the same run without the expansion, print), and a pipeline stage
 and the single process round it differently (tied embedding elements 1.9e-5 apart after 12 steps,

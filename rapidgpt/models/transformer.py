@@ -67,10 +67,11 @@ def composite_layer_norm(x, gamma, beta, epsilon):
     """LayerNorm over the last axis of `x` `[..., h]` written as the ops it is made of (mean,
     biased variance, normalisation, scale and shift), so that graph kernel fusion fuses it and its
     gradient into generated kernels. Why (MindSpore 2.10, CPU): its LayerNorm kernels are slow
-    (forward and backward of `[1024, 256]`: 8.7 ms, fused ops: 1.3 ms; `[2048, 768]`: ~32 ms for the
-    backward alone), ~9% of the bench model's step. MindSpore's own expansion of those kernels
-    (rapidgpt/config/kernel_fusion.py) computes a wrong forward under recompute; this form does not
-    (the TP-with-recompute, pipeline and ZeRO equivalence tests hold with it)."""
+    (forward and backward of `[1024, 256]`: 7.3-8.7 ms, this form fused: 1.75 ms; `[2048, 768]`: ~32
+    ms for the kernel's backward alone), ~9% of the bench model's step. MindSpore's own expansion of
+    those kernels (rapidgpt/config/kernel_fusion.py) computes a wrong forward at TP=2 with
+    recompute; this form does not (the TP-with-recompute, pipeline and ZeRO equivalence tests hold
+    with it)."""
     mean = x.mean(-1, keep_dims=True)
     centred = x - mean
     variance = (centred * centred).mean(-1, keep_dims=True)

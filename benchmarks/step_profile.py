@@ -33,7 +33,7 @@ KERNEL_CATEGORIES = (
     ("dropout masks", _ops("BitwiseXor", "BitwiseOr", "BitwiseAnd", "RightShift", "GreaterEqual")),
     ("softmax, mask, loss", _ops("Softmax", "SoftmaxGrad", "MaskedFill", "ReduceMax", "Exp", "Log", "GatherD",
                                  "GatherDGradV2", "Equal")),
-    ("layer norm", _ops("LayerNorm", "LayerNormGrad")),
+    ("layer norm", _ops("LayerNorm", "LayerNormGrad", "ReduceMean")),   # ReduceMean: the composite's means
     ("gelu", _ops("GeLU", "GeLUGrad")),
     ("AdamW", _ops("Adam")),
     ("copies (slice, transpose, cast, ...)", _ops("StridedSlice", "StridedSliceGrad", "Split", "Concat",
@@ -53,6 +53,8 @@ def phase_of(op_type, full_op_name):
         return "backward"
     if "/schedule-" in full_op_name or full_op_name.startswith("Expand/"):
         return "forward"        # Expand/...: the forward's expanded composite ops
+    if op_type == "ReduceMean":
+        return "forward"        # the fused step's LayerNorm means (no scope; the optimizer has none)
     return "optimizer"
 
 

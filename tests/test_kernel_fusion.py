@@ -13,7 +13,7 @@ from mindspore import Tensor, ops
 
 from rapidgpt.config import kernel_fusion
 from rapidgpt.config.kernel_fusion import (HALF_ON_CPU, KernelFusionConfig, check_kernel_fusion_backend,
-                                           enable_kernel_fusion, missing_requirements)
+                                           enable_kernel_fusion, fuses_on_cpu, missing_requirements)
 from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.flag_parser import ArgumentError
 from rapidgpt.config.precision import PrecisionConfig
@@ -32,7 +32,11 @@ def no_compiler(monkeypatch):
     real_which = kernel_fusion.shutil.which
     monkeypatch.setattr(kernel_fusion.shutil, "which", lambda name: None if name == "g++" else real_which(name))
     yield
-    ms.set_context(enable_graph_kernel=False)
+    switch_off()
+
+
+def switch_off():
+    enable_kernel_fusion(KernelFusionConfig("off"), "cpu")
 
 
 def test_a_missing_requirement_is_named():
@@ -59,7 +63,7 @@ def test_on_without_g_plus_plus_is_refused_in_one_line(no_compiler):
 def test_auto_falls_back_to_off_and_says_why(no_compiler):
     assert check_kernel_fusion_backend(KernelFusionConfig("auto"), "cpu") is None
     assert enable_kernel_fusion(KernelFusionConfig("auto"), "cpu") == "off (needs g++ on PATH (e.g. apt-get install g++))"
-    assert ms.get_context("enable_graph_kernel") is False
+    assert not fuses_on_cpu()
 
 
 def test_16_bit_models_stay_unfused_on_the_cpu():
@@ -67,7 +71,7 @@ def test_16_bit_models_stay_unfused_on_the_cpu():
     missing = missing_requirements("cpu")
     state = enable_kernel_fusion(KernelFusionConfig("auto", half=True), "cpu")
     assert state.startswith("off (needs " if missing else f"off (16-bit model: {HALF_ON_CPU})")
-    assert ms.get_context("enable_graph_kernel") is False
+    assert not fuses_on_cpu()
     refusal = "it needs" if missing else "not for a 16-bit model on the CPU: MindSpore's CPU kernel compiler"
     with pytest.raises(ArgumentError, match=f"--graph-kernel-fusion on: {refusal}"):
         RapidGPTEngine(argv=TINY + ["--graph-kernel-fusion", "on", "--fp16"])
@@ -77,9 +81,9 @@ def test_auto_leaves_other_devices_to_mindspore():
     ms.set_context(enable_graph_kernel=True)            # as a user may have set it
     try:
         assert enable_kernel_fusion(KernelFusionConfig("auto"), "gpu").startswith("off unless set in MindSpore")
-        assert ms.get_context("enable_graph_kernel") is True
+        assert fuses_on_cpu()
     finally:
-        ms.set_context(enable_graph_kernel=False)
+        switch_off()
 
 
 @pytest.mark.parametrize("args,policy,threads", [
@@ -106,12 +110,51 @@ def test_auto_is_on_where_the_requirements_are(tmp_path, monkeypatch):
         if missing_requirements("cpu"):
             assert state.startswith("off (needs ")
         else:
-            assert state == f"on (MindSpore's enable_graph_kernel, kernels cached in {tmp_path / 'kernels'})"
-            assert ms.get_context("enable_graph_kernel") is True
+            assert state == (f"on (MindSpore's graph kernel fusion, MS_DEV_GRAPH_KERNEL_FLAGS=--opt_level=2, "
+                             f"kernels cached in {tmp_path / 'kernels'})")
+            assert fuses_on_cpu()
         assert enable_kernel_fusion(KernelFusionConfig("off"), "cpu") == "off (--graph-kernel-fusion off)"
-        assert ms.get_context("enable_graph_kernel") is False
+        assert not fuses_on_cpu()
     finally:
-        ms.set_context(enable_graph_kernel=False)
+        switch_off()
+
+
+FUSED_COMPILE = """
+import numpy as np, mindspore as ms, sys
+from mindspore import ops
+from rapidgpt.config.kernel_fusion import KernelFusionConfig, enable_kernel_fusion
+ms.set_device("CPU")
+print("state:", enable_kernel_fusion(KernelFusionConfig(sys.argv[1]), "cpu"), flush=True)
+x = ms.Tensor(np.linspace(-2, 2, 4096, dtype=np.float32).reshape(64, 64))
+def loss(x):
+    return ops.gelu(x * 1.5 - 0.25, approximate="tanh").exp().sum()
+print("sum:", float(ms.jit(ms.grad(loss))(x).asnumpy().astype(np.float64).sum()), flush=True)
+"""
+
+
+def test_fusion_compiles_quietly_with_mindspores_current_switch(tmp_path):
+    """A fused compile with a cold kernel cache prints nothing of MindSpore's or AKG's (no
+    deprecated enable_graph_kernel, no "Please set tiling repo path" per kernel), and it is fused:
+    the fused kernels round differently from the unfused ones."""
+    if missing_requirements("cpu"):
+        pytest.skip(f"graph kernel fusion needs {missing_requirements('cpu')}")
+    env = {k: v for k, v in os.environ.items() if k not in ("MS_DEV_GRAPH_KERNEL_FLAGS", "AKG_WHITE_LIST_PATH")}
+    env["MS_COMPILER_CACHE_PATH"] = str(tmp_path / "kernels")
+
+    script = tmp_path / "fused_compile.py"         # a file: MindSpore's compiler reads the function's source
+    script.write_text(FUSED_COMPILE)
+
+    def run(mode):
+        out = subprocess.run([sys.executable, str(script), mode], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, check=True)
+        return out.stdout + out.stderr
+
+    fused, unfused = run("on"), run("off")
+    for output in (fused, unfused):
+        lines = output.splitlines()
+        assert len(lines) == 2 and lines[0].startswith("state: ") and lines[1].startswith("sum: "), output
+    assert fused.splitlines()[1] != unfused.splitlines()[1]
+    assert list((tmp_path / "kernels").iterdir())            # kernels were built (cold cache), quietly
 
 
 @pytest.mark.parametrize("dtype", [ms.float32, ms.float16])
@@ -185,4 +228,4 @@ def test_composite_layer_norm_is_the_layer_norm_and_is_used_where_the_step_is_fu
         assert [model[0].composite, other_axes.composite] == [state.startswith("on"), False]
         check(composite, ms.jit)
     finally:
-        ms.set_context(enable_graph_kernel=False)
+        switch_off()

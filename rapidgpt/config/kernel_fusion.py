@@ -1,5 +1,5 @@
-"""Graph kernel fusion: MindSpore's `enable_graph_kernel`, which fuses the compiled step's chains
-of elementwise ops and reductions (GELU and its gradient, dropout, the attention mask and
+"""Graph kernel fusion: MindSpore's graph kernel fusion (`enable_graph_kernel`), which fuses the
+compiled step's chains of elementwise ops and reductions (GELU and its gradient, dropout, the attention mask and
 scaling, LayerNorm, the loss, AdamW) into generated kernels. Flag: `--graph-kernel-fusion auto|on|off`.
 
 Why it matters (measured on the bench model, benchmarks/bench_pretrain.py): MindSpore's CPU
@@ -24,10 +24,21 @@ it to passive beforehand (`set_openmp_environment`) where fusion can be on, unle
 already or the command line says `--graph-kernel-fusion off`; the start-up line warns when
 MindSpore was imported first.
 
-MindSpore 2.10 logs that `enable_graph_kernel` is deprecated in favour of
-`jit_config={"jit_level": "O1"}`; on the CPU that replacement does not fuse (measured: a GELU
+The switch: MindSpore 2.10 deprecates `set_context(enable_graph_kernel=True)` (a warning at every
+set) in favour of `jit_config={"jit_level": "O1"}`, which does not fuse on the CPU (measured: a GELU
 forward and backward of `[1024, 1024]` took 83 ms with it, 60 ms plain, 5.7 ms with
-enable_graph_kernel), so RapidGPT keeps the working switch and sets it only when it changes.
+enable_graph_kernel). The environment variable MindSpore names for graph kernel settings,
+`MS_DEV_GRAPH_KERNEL_FLAGS`, with `--opt_level=2` fuses exactly as enable_graph_kernel does (the
+same gradients bit for bit, measured on a LayerNorm+GELU chain) and is read at every compile, so
+RapidGPT switches fusion by adding or removing that one flag there; a user's other flags in the
+variable are kept.
+
+AKG's messages: AKG looks for a tiling repository (an empty `{}` for the CPU, inside MindSpore's
+package) and, unless AKG_WHITE_LIST_PATH allows the package's directory, prints "Please set tiling
+repo path specified by env AKG_WHITE_LIST_PATH or current path" for every kernel it builds, then
+uses `{}` anyway. RapidGPT sets AKG_WHITE_LIST_PATH (unless set) to the directory holding both the
+working directory and MindSpore's package -- the working directory stays allowed for a user's own
+AKG operators -- so the same empty repository is read without the message.
 
 auto (the default) turns it on on the CPU where both are present, for fp32 models, and says why
 not otherwise in the start-up line; 16-bit models on the CPU stay unfused (HALF_ON_CPU below); on
@@ -82,7 +93,7 @@ def add_kernel_fusion_args(parser):
     g = parser.add_argument_group("kernel fusion", "MindSpore's graph kernel fusion in the compiled step")
     g.add_argument("--graph-kernel-fusion", choices=CHOICES, default="auto",
                    help="fuse the step's elementwise ops and reductions into generated kernels (MindSpore's "
-                        "enable_graph_kernel). auto: on on the CPU when the decorator package and g++ are "
+                        "graph kernel fusion). auto: on on the CPU when the decorator package and g++ are "
                         "there (the kernels are built with g++ once and cached in RapidGPT's cache); on: "
                         "anywhere, an error when a requirement is missing; off: MindSpore's plain kernels")
 
@@ -172,11 +183,45 @@ def check_kernel_fusion_backend(config, device):
     return None
 
 
+FLAGS_VARIABLE = "MS_DEV_GRAPH_KERNEL_FLAGS"
+FUSE = "--opt_level=2"
+
+
+def _fusion_flags(on):
+    """MS_DEV_GRAPH_KERNEL_FLAGS with fusion switched on or off, the user's other flags kept."""
+    kept = [flag for flag in os.environ.get(FLAGS_VARIABLE, "").split() if not flag.startswith("--opt_level=")]
+    flags = " ".join(kept + ([FUSE] if on else []))
+    if flags:
+        os.environ[FLAGS_VARIABLE] = flags
+    else:
+        os.environ.pop(FLAGS_VARIABLE, None)
+
+
+def _fusion_is_on():
+    """Whether MindSpore will fuse: a positive --opt_level in MS_DEV_GRAPH_KERNEL_FLAGS, or the
+    deprecated context switch a user may have set."""
+    import mindspore as ms
+
+    levels = [flag.split("=", 1)[1] for flag in os.environ.get(FLAGS_VARIABLE, "").split()
+              if flag.startswith("--opt_level=")]
+    if levels:
+        return levels[-1] not in ("0", "")
+    return bool(ms.get_context("enable_graph_kernel"))
+
+
+def _allow_akg_repository():
+    """AKG_WHITE_LIST_PATH covering MindSpore's package and the working directory (module docstring)."""
+    import mindspore as ms
+
+    package = os.path.dirname(os.path.realpath(ms.__file__))
+    os.environ.setdefault("AKG_WHITE_LIST_PATH", os.path.commonpath([package, os.path.realpath(os.getcwd())]))
+
+
 def fuses_on_cpu():
     """Whether the compiled step is fused on the CPU (`enable_kernel_fusion` switched it on)."""
     import mindspore as ms
 
-    return ms.get_context("device_target") == "CPU" and bool(ms.get_context("enable_graph_kernel"))
+    return ms.get_context("device_target") == "CPU" and _fusion_is_on()
 
 
 def enable_kernel_fusion(config, device):
@@ -195,14 +240,16 @@ def enable_kernel_fusion(config, device):
     elif config.half and device == "cpu":
         state = f"off (16-bit model: {HALF_ON_CPU})"
     elif device != "cpu":
-        state = "on (MindSpore's enable_graph_kernel)"
+        state = f"on (MindSpore's graph kernel fusion, {FLAGS_VARIABLE}={FUSE})"
     else:
         try:
             cache = use_kernel_cache()
-            state = f"on (MindSpore's enable_graph_kernel, kernels cached in {cache}){openmp_note()}"
+            _allow_akg_repository()
+            state = (f"on (MindSpore's graph kernel fusion, {FLAGS_VARIABLE}={FUSE}, kernels cached in "
+                     f"{cache}){openmp_note()}")
         except OSError as error:
             state = f"off (no kernel cache: {error}; set MS_COMPILER_CACHE_PATH to a writable directory)"
-    on = state.startswith("on")
-    if ms.get_context("enable_graph_kernel") != on:       # MindSpore 2.10 warns "deprecated" at every set
-        ms.set_context(enable_graph_kernel=on)
+    _fusion_flags(state.startswith("on"))
+    if ms.get_context("enable_graph_kernel"):       # a user's deprecated switch would override "off"
+        ms.set_context(enable_graph_kernel=False)
     return state

@@ -39,6 +39,10 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 from mindspore._c_expression import run_backward
+# ms.runtime.synchronize() logs "[ERROR] CPU device is not supported" at its first call on the CPU
+# and returns without waiting (MindSpore 2.10; later calls do wait): the function behind it waits
+# on every device, without the false error.
+from mindspore._c_expression import synchronize
 from mindspore.graph.api import _pynative_executor
 
 from rapidgpt.global_vars import get_timers
@@ -117,7 +121,7 @@ def warm_up(run_forward, micro_batch, first, last, like, wrt=None):
             output = run_forward(micro_batch, received)
             output = output[0] if last else output
         _backward(output, ops.ones_like(output), wrt if first else tuple(wrt) + (received,))
-    ms.runtime.synchronize()
+    synchronize()
     comm.barrier()
 
 
@@ -248,7 +252,7 @@ class ForwardBackwardPipelining:
                 sent, received = index
                 inputs[received] = self.links.send_backward_recv_forward(input_grads.pop(sent))
             if self.timers.measuring(2):    # count asynchronous work in the action that queued it
-                ms.runtime.synchronize()
+                synchronize()
             timer.stop()
         names = self.stat_names.learn(names)
         loss = self.stat_names.stacked(ops.stop_gradient(total) if self.last else None, stats) / m

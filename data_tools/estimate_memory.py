@@ -10,9 +10,12 @@
 Prints the built-in GPT's parameters (in total and per pipeline stage) and, per rank of each
 stage, the bytes of weights, gradients, optimizer state and activations for the layout (TP, PP,
 the data-parallel size that --world-size leaves), the precision, the recompute flags and the ZeRO
-stage given; --json prints one object with the keys parameters, parameters_per_rank,
-weight_bytes_per_rank, gradient_bytes_per_rank, optimizer_bytes_per_rank,
-activation_bytes_per_rank (the stage that needs the most memory; every stage under "stages").
+stage given; --json prints one object with the keys parameters, parameters_per_rank (what a
+rank holds: under ZeRO-3 its 1/DP shard, outside the layer being gathered),
+parameters_per_model_parallel_rank (before ZeRO-3 sharding), weight_bytes_per_rank,
+gradient_bytes_per_rank, optimizer_bytes_per_rank, activation_bytes_per_rank (the stage that needs
+the most memory; every stage under "stages"). Under ZeRO-3 the table shows the unsharded count
+apart, as before-ZeRO-3.
 Nothing is allocated and MindSpore is not loaded: any model size works. The vocabulary comes from
 --vocab-size, else the tokenizer flags, else (--task pretraining without data) the demo corpus's.
 How each figure is computed: rapidgpt/theoretical_memory.py.
@@ -86,10 +89,13 @@ def main(argv=None):
     print(f"layout: TP={layout.tensor_parallel} x PP={layout.pipeline_parallel} x DP={layout.data_parallel}, "
           f"{zero.describe()}, {args.precision.describe().split(';')[0]}, recompute: {args.recompute.describe()}, "
           f"micro batch {layout.micro_batch_size} x {layout.num_micro_batches} per step")
-    print(f"{'stage':>5} {'parameters/rank':>16} {'weights':>10} {'gradients':>10} {'optimizer':>10} "
-          f"{'activations':>12} {'total':>10}")
+    sharded = zero.stage >= 3       # a rank holds 1/DP of its parameters: the unsharded count apart
+    print(f"{'stage':>5} {'parameters/rank':>16} " + (f"{'before-ZeRO-3':>16} " if sharded else "")
+          + f"{'weights':>10} {'gradients':>10} {'optimizer':>10} {'activations':>12} {'total':>10}")
     for st in result.stages:
-        print(f"{st['stage']:>5} {st['parameters_per_rank']:>16,} {format_bytes(st['weight_bytes_per_rank']):>10} "
+        whole = f" {st['parameters_per_model_parallel_rank']:>16,}" if sharded else ""
+        print(f"{st['stage']:>5} {st['parameters_per_rank']:>16,}{whole} "
+              f"{format_bytes(st['weight_bytes_per_rank']):>10} "
               f"{format_bytes(st['gradient_bytes_per_rank']):>10} {format_bytes(st['optimizer_bytes_per_rank']):>10} "
               f"{format_bytes(st['activation_bytes_per_rank']):>12} {format_bytes(st['total_bytes_per_rank']):>10}")
     return 0

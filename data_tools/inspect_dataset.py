@@ -6,8 +6,10 @@
     python data_tools/inspect_dataset.py --demo       # the embedded demo corpus
 
 Prints counts, dtype, document length statistics, the first tokens of the first documents
-(decoded when a tokenizer is given), then a full consistency check of the index against the .bin
-(with a tokenizer, also that every id is inside its vocabulary). Exits 1 on any problem.
+(decoded when a tokenizer is given; a document of several sequences, as a --split-sentences
+corpus's sentences, sequence by sequence, separated by ' | '), then a full consistency check of the
+index against the .bin (with a tokenizer, also that every id is inside its vocabulary). Exits 1 on
+any problem.
 """
 import argparse
 import os
@@ -61,10 +63,18 @@ def main(argv=None):
               f"median {np.median(doc_tokens):.0f}  p99 {np.percentile(doc_tokens, 99):.0f}  "
               f"max {doc_tokens.max()}")
     for d in range(min(args.show_documents, len(documents) - 1)):
-        first = int(documents[d])
-        ids = ds[first][: args.show_tokens].tolist() if documents[d + 1] > first else []
-        shown = repr(tokenizer.detokenize(ids)) if tokenizer else ids
-        print(f"document {d}: {shown}")
+        first, end = int(documents[d]), int(documents[d + 1])
+        pieces, left = [], args.show_tokens
+        for i in range(first, end):     # every sequence (a sentence under --split-sentences), up to the limit
+            ids = ds[i][:left].tolist()
+            pieces.append(repr(tokenizer.detokenize(ids)) if tokenizer else str(ids))
+            left -= len(ids)
+            if left <= 0:
+                break
+        if not pieces:                  # an empty document
+            pieces = [repr(tokenizer.detokenize([])) if tokenizer else "[]"]
+        count = f" ({end - first} sequences)" if end - first > 1 else ""
+        print(f"document {d}{count}: {' | '.join(pieces)}")
     problems = consistency_problems(ds, tokenizer.vocab_size if tokenizer else None)
     for problem in problems:
         print(f"PROBLEM: {problem}")

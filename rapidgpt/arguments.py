@@ -485,15 +485,24 @@ def _check_layout(args, check, world_size):
         tp = args.tensor_model_parallel_size = 1
     if not check.require(pp >= 1, f"--pipeline-model-parallel-size: must be >= 1, got {pp}"):
         pp = args.pipeline_model_parallel_size = 1
-    check.require(not args.num_layers or args.num_layers % pp == 0,
-                  f"--pipeline-model-parallel-size: --num-layers {args.num_layers} cannot be split into {pp} "
-                  f"equal stages; choose a stage count that divides the layers (uneven "
-                  f"--decoder-first/last-pipeline-num-layers are not supported)")
     model_parallel = tp * pp
-    check.require(world_size % model_parallel == 0,
-                  f"--tensor-model-parallel-size: {world_size} processes cannot be split into groups of "
-                  f"{tp} (TP) x {pp} (PP); make the number of processes (--nproc-per-node x --nnodes) a "
-                  f"multiple of {model_parallel}")
+    layers_split = not args.num_layers or args.num_layers % pp == 0
+    processes = (f"{world_size} process{'' if world_size == 1 else 'es'} cannot be split into groups of "
+                 f"{tp} (TP) x {pp} (PP)")
+    # The flag that does not fit the processes: PP when TP alone fits them, else TP.
+    pipeline_misfits = world_size % model_parallel != 0 and pp > 1 and world_size % tp == 0
+    if pipeline_misfits and not layers_split:       # one flag wrong twice: one message
+        check.add(f"--pipeline-model-parallel-size: {processes}, nor --num-layers {args.num_layers} into {pp} "
+                  f"equal stages; choose a stage count that divides the layers and, times TP {tp}, the number "
+                  f"of processes (--nproc-per-node x --nnodes)")
+    else:
+        check.require(layers_split,
+                      f"--pipeline-model-parallel-size: --num-layers {args.num_layers} cannot be split into {pp} "
+                      f"equal stages; choose a stage count that divides the layers (uneven "
+                      f"--decoder-first/last-pipeline-num-layers are not supported)")
+        check.require(world_size % model_parallel == 0,
+                      f"--{'pipeline' if pipeline_misfits else 'tensor'}-model-parallel-size: {processes}; make "
+                      f"the number of processes (--nproc-per-node x --nnodes) a multiple of {model_parallel}")
     for flag, size in (("--num-attention-heads", args.num_attention_heads),
                        ("--ffn-hidden-size", args.ffn_hidden_size)):
         check.require(size % tp == 0, f"{flag}: {size} is not divisible by --tensor-model-parallel-size "

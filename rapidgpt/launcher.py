@@ -305,6 +305,13 @@ def _tell(headline, log, shown=False):
     else:
         tail = "".join(traceback_tail(log)).rstrip("\n")
         where = f". The end of {log}:\n{tail}" if tail else f"; it printed nothing ({log})"
+        if not tail:                # nothing but MindSpore's own records, which traceback_tail leaves out?
+            from rapidgpt.theoretical_memory import format_bytes
+            with open(log, encoding="utf-8", errors="replace") as f:
+                records = [line for line in f.read().splitlines() if line.strip()]
+            if records:
+                where = (f"; its log {log} ({format_bytes(os.path.getsize(log))}) holds no output of its own, "
+                         f"only MindSpore's records; the last of them:\n" + "\n".join(records[-3:]))
     print(f"rapidgpt: {headline}{where}", file=sys.stderr)
 
 

@@ -91,7 +91,8 @@ class RunLayout:
 @dataclass
 class StageMemory:
     stage: int
-    parameters_per_rank: int
+    parameters_per_rank: int            # what a rank holds: under ZeRO-3 its 1/DP shard
+    parameters_per_model_parallel_rank: int     # the stage's on one TP rank, before ZeRO-3 sharding
     weight_bytes_per_rank: int
     gradient_bytes_per_rank: int
     optimizer_bytes_per_rank: int
@@ -111,6 +112,7 @@ class MemoryEstimate:
     parameters: int
     parameters_per_stage: List[int]
     parameters_per_rank: int
+    parameters_per_model_parallel_rank: int
     weight_bytes_per_rank: int
     gradient_bytes_per_rank: int
     optimizer_bytes_per_rank: int
@@ -205,8 +207,10 @@ def estimate(shape, layout):
         psi = stage_parameters(shape, stage, pp, layout.tensor_parallel)
         in_flight = min(pp - stage, layout.num_micro_batches) if pp > 1 else 1
         weights, gradients, optimizer = model_state_bytes(psi, layout)
+        held = math.ceil(psi / layout.data_parallel) if layout.zero_stage >= 3 else psi
         stages.append(StageMemory(
-            stage=stage, parameters_per_rank=psi, weight_bytes_per_rank=weights,
+            stage=stage, parameters_per_rank=held, parameters_per_model_parallel_rank=psi,
+            weight_bytes_per_rank=weights,
             gradient_bytes_per_rank=gradients, optimizer_bytes_per_rank=optimizer,
             activation_bytes_per_rank=int(stage_activation_bytes(shape, layout, stage, e) * in_flight),
             micro_batches_in_flight=in_flight))
@@ -215,6 +219,7 @@ def estimate(shape, layout):
         parameters=total_parameters(shape),
         parameters_per_stage=[stage_parameters(shape, st, pp, 1) for st in range(pp)],
         parameters_per_rank=largest.parameters_per_rank,
+        parameters_per_model_parallel_rank=largest.parameters_per_model_parallel_rank,
         weight_bytes_per_rank=largest.weight_bytes_per_rank,
         gradient_bytes_per_rank=largest.gradient_bytes_per_rank,
         optimizer_bytes_per_rank=largest.optimizer_bytes_per_rank,
@@ -286,9 +291,15 @@ def startup_line(args, gpt_vocab_size=None, parameters_on_rank=None):
                 f"gradients {format_bytes(gradients)}, optimizer {format_bytes(optimizer)} for its "
                 f"{parameters_on_rank:,} parameters; activations not estimated (not the built-in GPT)")
     result = estimate(shape_from_args(args, gpt_vocab_size), layout)
-    return (f" > theoretical memory per rank ({_where(layout, result.largest_stage)}): "
+    # Pipelined, the figures are the most loaded stage's (as Megatron's report_theoretical_memory
+    # prints its most loaded shard's), said so, with rank 0's own stage's total beside them.
+    pipelined = layout.pipeline_parallel > 1
+    own = (f"this rank's stage 0: total {format_bytes(result.stages[0]['total_bytes_per_rank'])}; "
+           if pipelined and result.largest_stage != 0 else "")
+    return (f" > theoretical memory per rank{' of the most loaded pipeline stage' if pipelined else ''} "
+            f"({_where(layout, result.largest_stage)}): "
             f"weights {format_bytes(result.weight_bytes_per_rank)}, gradients "
             f"{format_bytes(result.gradient_bytes_per_rank)}, optimizer {format_bytes(result.optimizer_bytes_per_rank)}, "
             f"activations {format_bytes(result.activation_bytes_per_rank)}, total "
-            f"{format_bytes(result.total_bytes_per_rank)}; parameters {result.parameters:,} "
+            f"{format_bytes(result.total_bytes_per_rank)}; {own}parameters {result.parameters:,} "
             f"(per stage {', '.join(f'{p:,}' for p in result.parameters_per_stage)})")

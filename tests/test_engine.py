@@ -49,7 +49,7 @@ def validate(*argv):
     (["--split", "a,b"], "--split: --split 'a,b': expected up to three non-negative weights"),
     (["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json"], "--merge-file: required for --tokenizer-type GPT2BPETokenizer"),
     (["--hidden-dropout", "1.0"], "--hidden-dropout: must be in [0, 1)"),
-    (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size: 1 processes cannot be split into groups of 2 (TP)"),
+    (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size: 1 process cannot be split into groups of 2 (TP)"),
     (["--fp16", "--bf16"], "--bf16: give either --fp16 (or --mixed-precision) or --bf16, not both"),
     (["--loss-scale", "128"], "--loss-scale: loss scaling is for 16-bit training; add --fp16 or --bf16"),
     (["--fp16", "--hysteresis", "0"], "--hysteresis: must be positive, got 0"),
@@ -198,6 +198,29 @@ def test_parallel_state_rank_order_is_megatrons():
 def test_layout_errors_name_the_flags(world, argv, message):
     with pytest.raises(ArgumentError, match=re.escape(message)):
         validate_args(build_parser().parse_args(argv), world_size=world)
+
+
+@pytest.mark.parametrize("world,argv,problems", [
+    (2, ["--pipeline-model-parallel-size", "3"],          # also not a divisor of --num-layers 4: one cause
+     ["--pipeline-model-parallel-size: 2 processes cannot be split into groups of 1 (TP) x 3 (PP), nor "
+      "--num-layers 4 into 3 equal stages; choose a stage count that divides the layers and, times TP 1, "
+      "the number of processes (--nproc-per-node x --nnodes)"]),
+    (2, ["--pipeline-model-parallel-size", "4"],
+     ["--pipeline-model-parallel-size: 2 processes cannot be split into groups of 1 (TP) x 4 (PP); make the "
+      "number of processes (--nproc-per-node x --nnodes) a multiple of 4"]),
+    (4, ["--pipeline-model-parallel-size", "3", "--tensor-model-parallel-size", "3", "--num-attention-heads", "6",
+         "--hidden-size", "96"],
+     ["--pipeline-model-parallel-size: --num-layers 4 cannot be split into 3 equal stages; choose a stage count "
+      "that divides the layers (uneven --decoder-first/last-pipeline-num-layers are not supported)",
+      "--tensor-model-parallel-size: 4 processes cannot be split into groups of 3 (TP) x 3 (PP); make the "
+      "number of processes (--nproc-per-node x --nnodes) a multiple of 9"]),
+], ids=["pp-processes-and-layers", "pp-processes", "tp-processes-pp-layers"])
+def test_a_layout_error_is_reported_once_on_the_flag_that_is_wrong(world, argv, problems):
+    """--pipeline-model-parallel-size 3 on 2 processes: one message on the pipeline flag (not a second
+    one blamed on --tensor-model-parallel-size); "1 process", singular, above."""
+    with pytest.raises(ArgumentError) as error:
+        validate_args(build_parser().parse_args(argv), world_size=world)
+    assert error.value.problems == problems
 
 
 def test_layout_derives_data_parallel_size_and_micro_batches():
@@ -391,6 +414,30 @@ def test_log_lines_follow_megatron_format():
     rule, text, rule2 = validation_lines("iteration 100", {"lm loss": 2.0})
     assert rule == rule2 == "-" * (len(text) + 1)
     assert MEGATRON_VALIDATION.search(text).groups() == ("iteration 100", "2.000000E+00", f"{math.exp(2):.6E}")
+
+
+def test_progress_bar_shows_no_loss_for_a_skipped_iteration(monkeypatch):
+    """As Megatron's log line leaves a skipped iteration's loss (fp16 overflow: no update) out of its
+    average, the tqdm bar shows no loss for it, but that it was skipped."""
+    from types import SimpleNamespace
+    from rapidgpt.training import reporting
+    from rapidgpt.training.step import StepResult
+    lines = []
+    monkeypatch.setattr(reporting, "get_logger", lambda: SimpleNamespace(info=lines.append))
+    monkeypatch.setattr(reporting, "get_timers", lambda: None)
+    monkeypatch.setattr(reporting, "get_tensorboard_writer", lambda: None)
+    monkeypatch.setattr(reporting, "is_console_rank", lambda: True)
+    args = SimpleNamespace(no_progress_bar=False, log_interval=2, tensorboard_log_interval=1, global_batch_size=8,
+                           timing_log_level=0)
+    reporter = reporting.Reporter(args, train_iters=4)
+    reporter.iteration(1, 8, {"lm loss": 6.5}, 1e-3, StepResult(6.5, 1.0, True, 1024.0), 0.1, 100)
+    assert reporter.bar.postfix == "lm loss=6.500"
+    reporter.iteration(2, 16, {"lm loss": 7.25}, 1e-3, StepResult(7.25, float("inf"), False, 512.0), 0.1, 100)
+    assert "7.25" not in reporter.bar.postfix and "skipped" in reporter.bar.postfix
+    assert "lm loss: 6.500000E+00 |" in lines[-1] and "number of skipped iterations:   1 |" in lines[-1]
+    reporter.iteration(3, 24, {"lm loss": 6.25}, 1e-3, StepResult(6.25, 1.0, True, 512.0), 0.1, 100)
+    assert reporter.bar.postfix == "lm loss=6.250"
+    reporter.close()
 
 
 class CharTokenizer:

@@ -128,3 +128,29 @@ def test_an_unavailable_device_is_refused_before_anything_starts(tmp_path, monke
     assert main(["--user-script", "s.py", "--nproc-per-node", "2", "--device", "ascend"]) == 2
     assert "rapidgpt: error: --device ascend: this MindSpore installation has no" in capsys.readouterr().err
     assert not (tmp_path / "rapidgpt_logs").exists()
+
+
+def test_a_log_of_only_mindspore_records_is_not_said_to_be_empty(tmp_path, capsys):
+    """A rank killed before it printed anything of its own: its log holds MindSpore's INFO/WARNING
+    records only (not echoed, not a traceback). The failure line says so, with the log's size and
+    path and its last records, instead of "it printed nothing"; an empty log still printed nothing."""
+    from rapidgpt.launcher import _tell
+    from rapidgpt.theoretical_memory import format_bytes
+    log = tmp_path / "worker_1.log"
+    record = ("[WARNING] ME(4242:139872,MainProcess):2025-01-01-00:00:00.000.000 [mindspore/context.py:1] "
+              "a setting is deprecated\n")
+    last = ("[INFO] ME(4242:139872,MainProcess):2025-01-01-00:00:01.000.000 [mindspore/common/api.py:2] "
+            "the last one")
+    log.write_text(record * 80 + last + "\n")
+    _tell("rank 1 failed (killed by signal SIGKILL); stopped the other ranks", str(log))
+    err = capsys.readouterr().err
+    assert "printed nothing" not in err
+    assert err.startswith(f"rapidgpt: rank 1 failed (killed by signal SIGKILL); stopped the other ranks; its log "
+                          f"{log} ({format_bytes(log.stat().st_size)}) holds no output of its own, only MindSpore's "
+                          f"records; the last of them:\n"), err
+    assert err.splitlines()[-3:] == [record.rstrip("\n"), record.rstrip("\n"), last]
+    empty = tmp_path / "worker_0.log"
+    empty.write_text("")
+    _tell("rank 0 failed (exit code 1); stopped the other ranks", str(empty))
+    assert capsys.readouterr().err == \
+        f"rapidgpt: rank 0 failed (exit code 1); stopped the other ranks; it printed nothing ({empty})\n"

@@ -126,7 +126,8 @@ def test_rank_0_prints_its_parameters_and_the_memory_estimate(pipeline_runs):
                      padded_vocab_size(vocab_size, flag("--make-vocab-size-divisible-by"), 2))
     count = int(re.search(r"model parallel rank \(0, 0\): (\d+)", log).group(1))
     assert count == stage_parameters(shape, 0, 2, 2)
-    assert re.search(r" > theoretical memory per rank \(stage \d of 2, TP=2, DP=1, ZeRO stage 0\): weights .* "
+    assert re.search(r" > theoretical memory per rank of the most loaded pipeline stage \(stage \d of 2, TP=2, DP=1, "
+                     r"ZeRO stage 0\): weights .* "
                      rf"parameters {total_parameters(shape):,} ", log), log[:3000]
 
 

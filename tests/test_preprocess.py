@@ -76,16 +76,23 @@ SENTENCES = [["Dr. Smith went to Washington.", "He arrived at 5 p.m. on Monday."
              ["Is it?", "Yes, e.g. in the sun it is.", "The dog sleeps."]]
 
 
+def sentences_corpus(folder):
+    """SENTENCES' documents, each as one text, 40 times: enough text for Punkt to learn the
+    abbreviations."""
+    src = folder / "corpus.jsonl"
+    with open(src, "w") as f:
+        for _ in range(40):
+            for sentences in SENTENCES:
+                f.write(json.dumps({"text": " ".join(sentences)}) + "\n")
+    return src
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_split_sentences_gives_one_sequence_per_sentence(tmp_path, workers):
     """--split-sentences: Punkt learned from the corpus (no download) cuts each document into its
     sentences, abbreviations (Dr., p.m., e.g.) included in them; written as _text_sentence."""
     from rapidgpt.tokenizer import BertWordPieceTokenizer
-    src = tmp_path / "corpus.jsonl"
-    with open(src, "w") as f:
-        for _ in range(40):                  # enough text for Punkt to learn the abbreviations
-            for sentences in SENTENCES:
-                f.write(json.dumps({"text": " ".join(sentences)}) + "\n")
+    src = sentences_corpus(tmp_path)
     prefix = str(tmp_path / "bert")
     assert preprocess_main(["--input", str(src), "--output-prefix", prefix, "--tokenizer-type",
                             "BertWordPieceLowerCase", "--vocab-file", str(BERT_VOCAB), "--split-sentences",
@@ -97,6 +104,23 @@ def test_split_sentences_gives_one_sequence_per_sentence(tmp_path, workers):
     for d, sentences in enumerate(SENTENCES * 2):
         got = [ds[int(i)].tolist() for i in range(ds.document_indices[d], ds.document_indices[d + 1])]
         assert got == [tok.tokenize(s) for s in sentences], d
+
+
+def test_inspect_shows_every_sentence_of_a_document(bpe, tmp_path, capsys):
+    """A --split-sentences corpus holds a document as one sequence per sentence: inspect_dataset's
+    `document d:` shows all of them (up to --show-tokens tokens), not the first sentence only."""
+    src = sentences_corpus(tmp_path)
+    prefix = str(tmp_path / "gpt")
+    assert run_preprocess(bpe, str(src), prefix, "--split-sentences") == 0
+    inspect = runpy.run_path(str(TOOLS / "inspect_dataset.py"))["main"]
+    tokenizer = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", bpe[0], "--merge-file", bpe[1]]
+    assert inspect([prefix + "_text_sentence", *tokenizer, "--show-tokens", "200"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"document 0 (3 sequences): {' | '.join(map(repr, SENTENCES[0]))}" in out, out
+    assert f"document 1: {SENTENCES[1][0]!r}" in out, out            # one sentence: as before
+    assert inspect([prefix + "_text_sentence", *tokenizer, "--show-tokens", "3"]) == 0     # the first 3 tokens
+    first = GPT2BPETokenizer(*bpe).tokenize(SENTENCES[0][0])[:3]
+    assert f"document 0 (3 sequences): {GPT2BPETokenizer(*bpe).detokenize(first)!r}" in capsys.readouterr().out
 
 
 def test_plain_text_input(bpe, tmp_path):

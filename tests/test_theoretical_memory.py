@@ -72,9 +72,10 @@ def test_megatron_and_fsdp_spellings_and_the_sharded_layout(capsys):
     assert found == estimate_json(capsys, *base, "--zero-3-memory-optimization")
     shape = GPTShape(8, 512, 8, 2048, 256, 256, 1024)          # 1000 padded to 128 x TP 2
     psi = [stage_parameters(shape, stage, 2, 2) for stage in (0, 1)]
-    assert [st["parameters_per_rank"] for st in found["stages"]] == psi
+    assert [st["parameters_per_model_parallel_rank"] for st in found["stages"]] == psi
     for st in found["stages"]:          # fp32 AdamW, DP = 8 / (2 x 2) = 2, everything sharded; the fp32
-        shard = math.ceil(st["parameters_per_rank"] / 2)           # pieces are the main parameters
+        shard = math.ceil(st["parameters_per_model_parallel_rank"] / 2)     # pieces are the main parameters
+        assert st["parameters_per_rank"] == shard
         assert (st["weight_bytes_per_rank"], st["gradient_bytes_per_rank"], st["optimizer_bytes_per_rank"]) == \
             (4 * shard, 4 * shard, 8 * shard)
 
@@ -111,3 +112,45 @@ def test_bad_flags_are_named(capsys):
     with pytest.raises(SystemExit):
         estimate_memory.main(["--num-layers", "2"])
     assert "--vocab-size: give it, or the tokenizer flags" in capsys.readouterr().err
+
+
+def test_startup_line_says_which_stage_its_figures_are(capsys):
+    """At PP 2 rank 0 (stage 0) prints, as Megatron's report_theoretical_memory does, the most loaded
+    stage's figures (here the last stage's: the output layer and the logits), saying that they are
+    that stage's, and its own stage's total beside them."""
+    from rapidgpt.arguments import build_parser, validate_args
+    from rapidgpt.theoretical_memory import estimate, format_bytes, layout_from_args, shape_from_args, startup_line
+    flags = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--vocab-size", "1000", "--train-iters", "1"]
+    args = validate_args(build_parser().parse_args(flags + ["--pipeline-model-parallel-size", "2"]), world_size=2)
+    result = estimate(shape_from_args(args, 1000), layout_from_args(args))
+    assert result.largest_stage == 1
+    line = startup_line(args, 1000)
+    assert line.startswith(" > theoretical memory per rank of the most loaded pipeline stage (stage 1 of 2, TP=1, "
+                           "DP=1, ZeRO stage 0): "), line
+    assert f"total {format_bytes(result.stages[1]['total_bytes_per_rank'])}; " in line
+    assert f"this rank's stage 0: total {format_bytes(result.stages[0]['total_bytes_per_rank'])}; " in line
+    # Without pipelining there is one stage: the line is unchanged.
+    single = validate_args(build_parser().parse_args(flags), world_size=1)
+    assert startup_line(single, 1000).startswith(" > theoretical memory per rank (stage 0 of 1, TP=1, DP=1, "
+                                                 "ZeRO stage 0): weights ")
+
+
+def test_zero_3_parameters_per_rank_are_the_shard(capsys):
+    """Under ZeRO-3 a rank holds 1/DP of its stage's parameters (outside the layer being gathered):
+    parameters_per_rank and the table's parameters/rank are that shard; the unsharded count is
+    labelled apart."""
+    flags = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--vocab-size", "1000", "--world-size", "4"]
+    whole = estimate_json(capsys, *flags)["parameters_per_rank"]
+    found = estimate_json(capsys, *flags, "--zero-3-memory-optimization")
+    shard = math.ceil(whole / 4)
+    assert found["parameters_per_rank"] == shard and found["parameters_per_model_parallel_rank"] == whole
+    assert found["weight_bytes_per_rank"] == 4 * shard
+    assert estimate_memory.main(flags + ["--zero-3-memory-optimization"]) == 0
+    header, row = capsys.readouterr().out.splitlines()[-2:]
+    assert header.split()[:3] == ["stage", "parameters/rank", "before-ZeRO-3"]
+    assert row.split()[:3] == ["0", f"{shard:,}", f"{whole:,}"]
+    assert estimate_memory.main(flags) == 0                     # without ZeRO-3 there is one count
+    header, row = capsys.readouterr().out.splitlines()[-2:]
+    assert header.split()[:3] == ["stage", "parameters/rank", "weights"] and row.split()[1] == f"{whole:,}"

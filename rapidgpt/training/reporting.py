@@ -80,8 +80,9 @@ class Reporter:
         rapidgpt.training.step.StepResult); log when the interval is full.
 
         As Megatron's training_log: a skipped iteration (overflow, NaN) counts in "number of
-        skipped iterations", its loss is not averaged, and it is a "nan iteration" when the loss
-        itself is not finite; the grad norm shown is the last update's."""
+        skipped iterations", its loss is not averaged (the bar shows "skipped" instead of it), and
+        it is a "nan iteration" when the loss itself is not finite; the grad norm shown is the last
+        update's."""
         self.iters += 1
         self.seconds += seconds
         if step.updated:
@@ -89,11 +90,12 @@ class Reporter:
             for name, value in losses.items():
                 self.loss_sum[name] = self.loss_sum.get(name, 0.0) + value
             self.grad_norm = step.grad_norm
+            self.bar.set_postfix({name: f"{value:.3f}" for name, value in losses.items()}, refresh=False)
         else:
             self.skipped += 1
             self.nan += int(not all(math.isfinite(v) for v in losses.values()))
+            self.bar.set_postfix_str("skipped", refresh=False)     # as in the log line: no loss
         self.bar.update(1)
-        self.bar.set_postfix({name: f"{value:.3f}" for name, value in losses.items()}, refresh=False)
         if self.writer is not None and iteration % self.args.tensorboard_log_interval == 0:
             self.writer.add_scalar("learning-rate", lr, iteration)
             self.writer.add_scalar("batch-size", self.args.global_batch_size, iteration)

@@ -1,11 +1,16 @@
-"""Train a GPT-2 style byte-level BPE tokenizer: writes vocab.json and merges.txt.
+"""Train a tokenizer on your corpus: GPT-2's byte-level BPE (vocab.json and merges.txt), or a
+BERT WordPiece vocabulary (vocab.txt).
 
     python data_tools/train_tokenizer.py --input corpus.jsonl --vocab-size 32000 \
         --output-dir my_tokenizer --workers 4
+    python data_tools/train_tokenizer.py --input corpus.jsonl --vocab-size 32000 \
+        --output-dir my_bert_tokenizer --tokenizer-type BertWordPieceLowerCase
 
-Input is streamed line by line: jsonl (one JSON object per line; the --json-keys fields
-are the text) or plain text. The training itself lives in rapidgpt.tokenizer.bpe_trainer;
-this script only reads files and reports.
+--tokenizer-type names the tokenizer the files are for, as preprocess_data.py and rapidgpt
+take it (Megatron's names). Input is streamed line by line: jsonl (one JSON object per line;
+the --json-keys fields are the text) or plain text. The training itself lives in
+rapidgpt.tokenizer.bpe_trainer and rapidgpt.tokenizer.wordpiece_trainer; this script only
+reads files and reports.
 """
 import argparse
 import json
@@ -21,6 +26,9 @@ except ImportError:  # running from a checkout without `pip install -e .`
 from tqdm import tqdm
 
 from rapidgpt.tokenizer.bpe_trainer import save_gpt2_format, train_byte_level_bpe
+from rapidgpt.tokenizer.wordpiece_trainer import save_wordpiece_vocab, wordpiece_vocabulary
+
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase")
 
 # Plain text is handed to the trainer in blocks of whole lines of about this size, so that
 # whitespace runs spanning lines ("\n\n") are learned as they appear in documents.
@@ -83,28 +91,46 @@ def main(argv=None):
                         help="auto: .jsonl/.json files are jsonl, others plain text")
     parser.add_argument("--json-keys", nargs="+", default=["text"],
                         help="jsonl fields that hold text (default: text)")
+    parser.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default="GPT2BPETokenizer",
+                        help="GPT2BPETokenizer: byte-level BPE, vocab.json + merges.txt (default); "
+                             "BertWordPieceLowerCase / BertWordPieceCase: a WordPiece vocab.txt of "
+                             "the corpus's characters and most frequent words, lower-cased (and "
+                             "accents stripped) or as written")
     parser.add_argument("--vocab-size", type=int, required=True,
-                        help="total vocab size: 256 byte tokens + merges + <|endoftext|>")
+                        help="total vocab size. BPE: 256 byte tokens + merges + <|endoftext|>; "
+                             "WordPiece: 5 special tokens + every character alone and with ## + "
+                             "the most frequent words")
     parser.add_argument("--output-dir", required=True,
-                        help="directory for vocab.json and merges.txt")
+                        help="directory for vocab.json and merges.txt (BPE) or vocab.txt (WordPiece)")
     parser.add_argument("--workers", type=int, default=1,
-                        help="processes for counting words (the result does not depend on it)")
+                        help="BPE: processes for counting words (the result does not depend on it)")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
+    bpe = args.tokenizer_type == "GPT2BPETokenizer"
     try:
         for path in args.input:
             if not os.path.isfile(path):
                 raise ValueError(f"input file not found: {path}")
-        vocab, merges = train_byte_level_bpe(
-            iter_texts(args.input, args.input_format, args.json_keys), args.vocab_size,
-            show_progress=True, workers=args.workers)
+        texts = iter_texts(args.input, args.input_format, args.json_keys)
+        if bpe:
+            vocab, merges = train_byte_level_bpe(texts, args.vocab_size, show_progress=True,
+                                                 workers=args.workers)
+        else:
+            lines = wordpiece_vocabulary(texts, args.vocab_size,
+                                         lower_case=args.tokenizer_type == "BertWordPieceLowerCase")
     except ValueError as e:
         raise SystemExit(f"train_tokenizer.py: error: {e}") from None
-    vocab_path, merges_path = save_gpt2_format(vocab, merges, args.output_dir)
-    print(f"learned {len(merges)} merges (vocab size {len(vocab)}) in "
-          f"{time.perf_counter() - start:.1f}s")
-    print(f"wrote {vocab_path} and {merges_path}")
+    seconds = time.perf_counter() - start
+    if bpe:
+        vocab_path, merges_path = save_gpt2_format(vocab, merges, args.output_dir)
+        print(f"learned {len(merges)} merges (vocab size {len(vocab)}) in {seconds:.1f}s")
+        print(f"wrote {vocab_path} and {merges_path}")
+    else:
+        vocab_path = save_wordpiece_vocab(lines, args.output_dir)
+        print(f"made a WordPiece vocabulary of {len(lines)} tokens for {args.tokenizer_type} "
+              f"in {seconds:.1f}s")
+        print(f"wrote {vocab_path}")
     return 0
 
 

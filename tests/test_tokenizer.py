@@ -357,3 +357,28 @@ def test_cli_bad_json_line(tmp_path):
     with pytest.raises(SystemExit, match=r"bad.jsonl:1: .*string field 'text'"):
         train_tokenizer.main(["--input", str(corpus), "--vocab-size", "300",
                               "--output-dir", str(tmp_path / "out")])
+
+
+@pytest.mark.parametrize("kind", ["BertWordPieceLowerCase", "BertWordPieceCase"])
+def test_cli_makes_a_bert_wordpiece_vocab_that_hf_tokenizers_reads_alike(tmp_path, capsys, kind):
+    """--tokenizer-type BertWordPiece*: a vocab.txt that RapidGPT's BERT tokenizer and HF
+    tokenizers' BertWordPieceTokenizer both load and split into the same ids."""
+    from tokenizers import BertWordPieceTokenizer as HFBertWordPieceTokenizer
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TOPIC_TEXTS[:15]), encoding="utf-8")
+    out = tmp_path / "tok"
+    assert train_tokenizer.main(["--input", str(corpus), "--vocab-size", "800", "--output-dir", str(out),
+                                 "--tokenizer-type", kind]) == 0
+    assert f"made a WordPiece vocabulary of 800 tokens for {kind}" in capsys.readouterr().out
+    lower_case = kind == "BertWordPieceLowerCase"
+    ours = BertWordPieceTokenizer(out / "vocab.txt", lower_case=lower_case)
+    theirs = HFBertWordPieceTokenizer(str(out / "vocab.txt"), lowercase=lower_case)
+    assert ours.vocab_size == theirs.get_vocab_size() == 800
+    assert (ours.pad, ours.unk, ours.cls, ours.sep, ours.mask) == (0, 1, 2, 3, 4)
+    assert ("The" in ours.vocab) is not lower_case and "the" in ours.vocab
+    sentence = "The assert statement: if __debug__, Naïve CAFÉ x = 12_000 raises AssertionError! 日本"
+    ids = ours.tokenize(sentence)
+    assert ids == theirs.encode(sentence, add_special_tokens=False).ids
+    assert ours.detokenize(ids).startswith("the assert statement :" if lower_case else "The assert statement :")
+    for text in TOPIC_TEXTS[:15]:
+        assert ours.tokenize(text) == theirs.encode(text, add_special_tokens=False).ids

@@ -124,6 +124,67 @@ def test_user_script_pretrain_gpt_tensorboard_with_rapidformers_precision_and_re
     assert b"loss-scale" in events[0].read_bytes() and b"grad-norm" in events[0].read_bytes()
 
 
+# ---- README.md's white-box examples: user_scripts/minimal_pretrainer.py, minimal_finetuner.py ----
+
+README_SCRIPTS = ["user_scripts/minimal_finetuner.py", "user_scripts/minimal_pretrainer.py"]
+
+
+def readme_script_blocks():
+    """{path: code} of README.md's ```python blocks that open with `# user_scripts/NAME.py`."""
+    blocks = re.findall(r"^```python\n(# (user_scripts/[\w.]+\.py)\b.*?)^```$", (REPO / "README.md").read_text(),
+                        re.S | re.M)
+    return {path: code for code, path in blocks}
+
+
+def readme_pretrainer_flags(demo):
+    return ["--user-script", "user_scripts/minimal_pretrainer.py", *TINY_GPT, "--data-path", demo["data_prefix"],
+            *tokenizer_flags(demo), "--micro-batch-size", "4", "--global-batch-size", "8", "--train-iters", "12",
+            "--log-interval", "4", "--eval-interval", "6", "--eval-iters", "2", "--lr", "2e-3"]
+
+
+README_FINETUNER = ["--user-script", "user_scripts/minimal_finetuner.py", "--micro-batch-size", "32",
+                    "--epochs", "2", "--lr", "1e-2", "--log-interval", "8", "--no-progress-bar"]
+
+
+@pytest.fixture(scope="module")
+def readme_runs(env, demo, tmp_path_factory):
+    """`readme_runs(argv) -> output`: the README's two example files run by the CLI, both in one
+    process (tests/batched_runs.py: MindSpore is imported once for the two)."""
+    from batched_runs import BatchedRuns
+    planned = [(1, readme_pretrainer_flags(demo)), (1, README_FINETUNER)]
+    batched = BatchedRuns(env, tmp_path_factory.mktemp("readme_runs"), planned)
+
+    def run(argv):
+        status, output, _ = batched(1, argv)
+        assert status == 0, output[-3000:]
+        return output
+    return run
+
+
+def test_readme_white_box_examples_are_the_files_in_user_scripts():
+    """The README shows these files whole, so the runs below run what a user pastes."""
+    blocks = readme_script_blocks()
+    assert sorted(blocks) == README_SCRIPTS
+    for path, code in blocks.items():
+        assert code == (REPO / path).read_text(), f"README.md's {path} differs from the file"
+
+
+def test_readme_pretrainer_trains_on_the_gpt_data(readme_runs, demo):
+    out = readme_runs(readme_pretrainer_flags(demo))
+    assert re.search(r" iteration +12/ +12 \| consumed samples: +96 \|", out), out
+    losses = lm_losses(out)
+    assert len(losses) == 3 and losses[-1] < losses[0], out
+    assert "validation loss at iteration 6 | lm loss value:" in out
+
+
+def test_readme_finetuner_trains_its_own_model(readme_runs):
+    out = readme_runs(README_FINETUNER)
+    losses = [float(x) for x in re.findall(r" iteration +\d+/ *\d+ \|.*? loss: ([0-9.E+-]+) \|", out)]
+    assert len(losses) == 8 and losses[-1] < losses[0] / 2, out        # 2 epochs of 1024 / 32 = 32 steps
+    accuracies = [float(a) for a in re.findall(r"validation at epoch \d \(iteration \d+\) \| accuracy: ([0-9.]+)", out)]
+    assert len(accuracies) == 2 and accuracies[-1] > 0.6, out         # chance: 1/8
+
+
 # ---- user_scripts/finetune_classification.py ---------------------------------------------------
 
 def test_user_script_finetune_classification(env, demo):

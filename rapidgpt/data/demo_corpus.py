@@ -17,7 +17,8 @@ import tempfile
 
 from rapidgpt.data.indexed_dataset import IndexedDataset
 from rapidgpt.data.preprocess import get_args, output_prefix_for, preprocess
-from rapidgpt.tokenizer import BertWordPieceTokenizer, save_gpt2_format, train_byte_level_bpe
+from rapidgpt.tokenizer import save_gpt2_format, train_byte_level_bpe
+from rapidgpt.tokenizer.wordpiece_trainer import save_wordpiece_vocab, wordpiece_vocabulary
 from rapidgpt.utils import cache_root
 
 DEMO_VOCAB_SIZE = 4096
@@ -86,33 +87,12 @@ def demo_corpus(vocab_size=DEMO_VOCAB_SIZE, cache_dir=None):
     return _built_once("demo", vocab_size, _paths, build, cache_dir)
 
 
-def wordpiece_vocabulary(documents, size):
-    """A lower-case WordPiece vocabulary (vocab.txt lines) for `documents`: BERT's special tokens,
-    every character alone and as a "##" continuation (so any word can be spelled), then the most
-    frequent words (BERT's basic tokenization) up to `size` entries, ties in first-seen order."""
-    from collections import Counter
-    splitter = BertWordPieceTokenizer.__new__(BertWordPieceTokenizer)
-    splitter.lower_case = True                         # basic_tokenize reads only this
-    words = Counter(w for text in documents for w in splitter.basic_tokenize(text))
-    chars = sorted({c for w in words for c in w})
-    lines = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + chars + ["##" + c for c in chars]
-    known = set(lines)
-    for word, _ in words.most_common():
-        if len(lines) >= size:
-            break
-        if word not in known:
-            lines.append(word)
-            known.add(word)
-    return lines
-
-
 def demo_bert_corpus(vocab_size=DEMO_BERT_VOCAB_SIZE, cache_dir=None):
     """Paths of the demo documents as BERT data (`data_prefix` ..._text_sentence, `vocab_file`
     vocab.txt for BertWordPieceLowerCase, `jsonl`): a WordPiece vocabulary of the corpus's frequent
     words (`wordpiece_vocabulary`) and `preprocess_data.py --split-sentences`, built once."""
     def build(documents, paths):
-        with open(paths["vocab_file"], "w", encoding="utf-8") as f:
-            f.write("\n".join(wordpiece_vocabulary(documents, vocab_size)) + "\n")
+        save_wordpiece_vocab(wordpiece_vocabulary(documents, vocab_size), paths["folder"])
         preprocess(get_args(["--input", paths["jsonl"], "--output-prefix", os.path.join(paths["folder"], "demo"),
                              "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", paths["vocab_file"],
                              "--split-sentences", "--log-interval", str(10 ** 9), "--no-progress-bar"]))

@@ -9,8 +9,11 @@ importing MindSpore.
 import importlib
 
 from rapidgpt.config.kernel_fusion import set_openmp_environment
+from rapidgpt.mindspore_logs import route_records_of_this_process
 
-set_openmp_environment()          # before anything imports MindSpore (rapidgpt/config/kernel_fusion.py)
+# Before anything imports MindSpore, which reads both once when it loads.
+set_openmp_environment()           # rapidgpt/config/kernel_fusion.py
+route_records_of_this_process()    # MindSpore's log records into files (rapidgpt/mindspore_logs.py)
 
 __version__ = "0.1.0"
 

@@ -19,6 +19,7 @@ from rapidgpt import __version__
 from rapidgpt.arguments import TASKS
 from rapidgpt.errors import UserError
 from rapidgpt.flag_parser import PROG, report_and_exit
+from rapidgpt.mindspore_logs import divert_native_stderr
 from rapidgpt.msrun_env import is_msrun_scheduler, launched_by_msrun
 
 USAGE = f"""usage: {PROG} --task {{{','.join(TASKS)}}} [flags]
@@ -96,6 +97,7 @@ def _run_or_launch(argv, args, run, before_launch=None):
     tensor; the engine then finds them done), once per process: a process may run several command
     lines one after another (`main(argv)` again), and MindSpore sets a device only once."""
     if launched_by_msrun():
+        divert_native_stderr(os.environ.get("RANK_ID", "0"))
         from rapidgpt.engine import ensure_device, select_device
         from rapidgpt.parallel import comm
         device = select_device(args.device)

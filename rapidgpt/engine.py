@@ -14,6 +14,7 @@ import numpy as np
 from rapidgpt.arguments import parse_args
 from rapidgpt.flag_parser import ArgumentError
 from rapidgpt.global_vars import get_logger, set_global_variables
+from rapidgpt.mindspore_logs import records_line
 from rapidgpt.config.kernel_fusion import check_kernel_fusion_backend, enable_kernel_fusion
 from rapidgpt.config.precision import check_precision_backend
 from rapidgpt.optim import build_lr_scheduler
@@ -104,6 +105,8 @@ class RapidGPTEngine:
         remember_tokenizer_files({key: getattr(args, key) for key in TOKENIZER_FILE_ARGS})
         set_global_variables(args, self.tokenizer, rank=rank)
         get_logger().info(f" > graph kernel fusion: {enable_kernel_fusion(args.kernel_fusion, self.device)}")
+        if records_line(rank):
+            get_logger().info(records_line(rank))
         if args.onnx_runtime_training:
             get_logger().info(" --onnx-runtime-training: RapidGPT always compiles the training step "
                               "(mindspore.jit); nothing more to switch on")

@@ -8,8 +8,10 @@ command line (`rapidgpt.cli` knows its role from msrun's environment: the schedu
 rendezvous, a worker joins the job and runs the task or script), writes each worker's output to
 LOG_DIR/worker_N.log and kills the other workers when one exits non-zero. `rapidgpt` only watches:
 
-- rank 0's output is echoed to the terminal as it is written (MindSpore's own INFO/WARNING records
-  stay in the file); the other ranks are not echoed;
+- rank 0's output is echoed to the terminal as it is written; MindSpore's own log records go to
+  LOG_DIR/mindspore/rank_N/logs/ (rapidgpt/mindspore_logs.py), and any INFO/WARNING record still
+  written to a rank's output (a user's GLOG_* settings) stays in worker_N.log; the other ranks are
+  not echoed;
 - msrun reports a worker's non-zero exit within a second ("Worker process PID exit with exception.
   Error code: C", C < 0 for a signal); rapidgpt then names the rank, prints the tail of its
   traceback, stops msrun, its scheduler and every worker, and exits with status 1, instead of
@@ -32,6 +34,7 @@ import time
 import psutil
 
 from rapidgpt.arguments import parse_args
+from rapidgpt.mindspore_logs import records_environment
 from rapidgpt.msrun_env import STOP_SIGNAL_VARIABLE
 from rapidgpt.engine import select_device
 
@@ -162,7 +165,8 @@ class Job:
         previous = {s: signal.signal(s, _interrupt) for s in stop_signals}
         env = dict(os.environ, PYTHONUNBUFFERED="1",     # rank 0's lines reach the log, and the terminal, at once
                    PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-                   **{STOP_SIGNAL_VARIABLE: self.stop_signal_file})
+                   **{STOP_SIGNAL_VARIABLE: self.stop_signal_file},
+                   **records_environment(os.path.join(self.log_dir, "mindspore")))
         if os.path.exists(self.stop_signal_file):       # left by an earlier job in the same --log-dir
             os.remove(self.stop_signal_file)
         try:

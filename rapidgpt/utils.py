@@ -12,6 +12,17 @@ def cache_root():
     return root
 
 
+def flag_value(argv, flag):
+    """The value a command line gives `flag` (`--flag v` or `--flag=v`), or None: for the settings
+    that must be made before MindSpore loads, ahead of the flags' parsing."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def bounded_imap(pool, fn, items, max_in_flight):
     """`pool.imap(fn, items)` in order, but with at most `max_in_flight` tasks submitted.
 

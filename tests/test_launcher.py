@@ -21,6 +21,9 @@ SCRIPT = """\
 import os, signal, sys, time
 rank = int(os.environ["RANK_ID"])
 print(f"hello from rank {rank} of {os.environ['MS_WORKER_NUM']}", flush=True)
+# as MindSpore's C++ code writes its multi-line records, and as Python code writes to stderr
+os.write(2, f"[WARNING] SESSION({os.getpid()}) a native record from rank {rank}, old: \\nAbstractTuple{{\\n}}\\n".encode())
+print(f"python's stderr on rank {rank}", file=sys.stderr, flush=True)
 fail = sys.argv[sys.argv.index("--fail") + 1] if "--fail" in sys.argv else "no"   # the script's own flag
 if rank == 1 and fail in ("raise", "kill"):
     time.sleep(1)
@@ -58,17 +61,21 @@ def test_rank_0_is_shown_every_rank_is_logged(job, tmp_path):
     command, env = job
     out = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "hello from rank 0 of 2" in out.stdout
-    assert "rank 1" not in out.stdout and "WARNING" not in out.stdout
+    assert "hello from rank 0 of 2" in out.stdout and "python's stderr on rank 0" in out.stdout
+    assert "rank 1" not in out.stdout and "WARNING" not in out.stdout and "AbstractTuple" not in out.stdout
     (log_dir,) = (tmp_path / "rapidgpt_logs").iterdir()              # the default --log-dir
     assert "hello from rank 1 of 2" in (log_dir / "worker_1.log").read_text()
     logs = {p.name for p in log_dir.iterdir()}
-    assert {"worker_0.log", "worker_1.log", "scheduler.log", "msrun_node0.log"} <= logs
+    assert {"worker_0.log", "worker_1.log", "scheduler.log", "msrun_node0.log", "mindspore"} <= logs
+    for rank in (0, 1):      # native stderr (MindSpore's C++ records) kept per rank, out of the worker log
+        assert "AbstractTuple" not in (log_dir / f"worker_{rank}.log").read_text()
+        native = (log_dir / "mindspore" / f"rank_{rank}" / "stderr.log").read_text()
+        assert f"a native record from rank {rank}, old: \nAbstractTuple{{\n}}\n" in native
 
 
 @pytest.mark.parametrize("fail,reported,last_line", [
     ("raise", "rank 1 failed (exit code 1)", "ValueError: rank 1 cannot go on"),
-    ("kill", "rank 1 failed (killed by signal SIGKILL)", "hello from rank 1 of 2"),
+    ("kill", "rank 1 failed (killed by signal SIGKILL)", "python's stderr on rank 1"),
 ])
 def test_a_failed_rank_is_named_and_the_job_stopped(job, tmp_path, fail, reported, last_line):
     command, env = job
@@ -154,3 +161,21 @@ def test_a_log_of_only_mindspore_records_is_not_said_to_be_empty(tmp_path, capsy
     _tell("rank 0 failed (exit code 1); stopped the other ranks", str(empty))
     assert capsys.readouterr().err == \
         f"rapidgpt: rank 0 failed (exit code 1); stopped the other ranks; it printed nothing ({empty})\n"
+
+
+@pytest.mark.parametrize("flags,environment,directory", [
+    (["--log-dir", "runs/logs"], {}, "runs/logs/mindspore"),
+    ([], {"RAPIDGPT_CACHE_DIR": "cache"}, "cache/mindspore_logs"),
+    (["--log-dir", "runs/logs"], {"GLOG_log_dir": "/mine"}, "/mine"),          # the user's own setting
+])
+def test_import_rapidgpt_sends_mindspores_records_to_files(tmp_path, flags, environment, directory):
+    """Before MindSpore loads, `import rapidgpt` points MindSpore's logger at files: --log-dir's
+    mindspore/ (or the cache), records below ERROR off the terminal; a user's GLOG_* is kept."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GLOG_") and k not in ("MS_ROLE", "RAPIDGPT_SET_GLOG")}
+    env.update(environment)
+    code = "import os, rapidgpt; print(*(os.environ.get(k) for k in ('GLOG_logtostderr', 'GLOG_log_dir', " \
+           "'GLOG_stderrthreshold')))"
+    out = subprocess.run([sys.executable, "-c", code] + flags, cwd=tmp_path, env=env, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.split() == ["0", str(tmp_path / directory), "3"]

@@ -69,6 +69,8 @@ import shutil
 import sys
 from dataclasses import dataclass
 
+from rapidgpt.utils import flag_value
+
 CHOICES = ("auto", "on", "off")
 
 
@@ -116,16 +118,6 @@ def missing_requirements(device):
     return missing
 
 
-def _flag_value(argv, flag):
-    """The value a command line gives `flag` (`--flag v` or `--flag=v`), or None."""
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def set_openmp_environment(argv=None):
     """Where fusion can be on, before MindSpore loads libgomp (called by `import rapidgpt`; too late
     once mindspore is imported): OMP_WAIT_POLICY=passive, and OMP_NUM_THREADS from --cpu-threads
@@ -134,10 +126,10 @@ def set_openmp_environment(argv=None):
     with `--graph-kernel-fusion off` changes nothing: the unfused step is faster with libgomp's
     default policy (the numbers in this module's docstring)."""
     argv = sys.argv if argv is None else argv
-    if "mindspore" in sys.modules or _flag_value(argv, "--graph-kernel-fusion") == "off" or missing_requirements("cpu"):
+    if "mindspore" in sys.modules or flag_value(argv, "--graph-kernel-fusion") == "off" or missing_requirements("cpu"):
         return
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-    threads = _flag_value(argv, "--cpu-threads")
+    threads = flag_value(argv, "--cpu-threads")
     if threads and threads.isdigit() and int(threads) > 0:
         os.environ.setdefault("OMP_NUM_THREADS", threads)
 

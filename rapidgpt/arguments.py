@@ -166,6 +166,12 @@ def _launcher_args(parser):
                         "on one node 127.0.0.1)")
     g.add_argument("--master-port", "--master_port", type=int, default=os.environ.get("MASTER_PORT"),
                    help="the scheduler's port on node 0 (default: $MASTER_PORT; on one node a free port)")
+    g.add_argument("--distributed-timeout-minutes", type=float, default=10,
+                   help="how long a rank's collective waits for the other ranks before the job fails "
+                        "(Megatron's flag, default 10): a rank still compiling its step, or slowed by a busy "
+                        "machine, makes the others wait. On the CPU it sets MindSpore's "
+                        "MS_CPU_COMM_OP_TIMEOUT (MindSpore's own default: 30 s; a value set in the "
+                        "environment is kept); on Ascend/GPU HCCL/NCCL's own time-outs apply")
 
 
 # Rapidformer flags that fetch from a hub. RapidGPT downloads nothing: refused with the way out.
@@ -474,6 +480,8 @@ def _check_launch(args, check, world_size):
                   f"--master-port: {args.master_port} (or MASTER_PORT) must be in 1024 .. 65535")
     check.require(args.cpu_threads is None or args.cpu_threads > 0,
                   f"--cpu-threads: must be positive, got {args.cpu_threads}")
+    check.require(args.distributed_timeout_minutes > 0,
+                  f"--distributed-timeout-minutes: must be positive, got {args.distributed_timeout_minutes}")
 
 
 def _check_layout(args, check, world_size):

@@ -102,6 +102,7 @@ def _run_or_launch(argv, args, run, before_launch=None):
         from rapidgpt.parallel import comm
         device = select_device(args.device)
         ensure_device(device)
+        comm.set_collective_timeout(args.distributed_timeout_minutes)
         comm.init_distributed(device)
     elif args.nproc_per_node * args.nnodes != 1:
         from rapidgpt.launcher import launch

@@ -25,6 +25,16 @@ print(f"hello from rank {rank} of {os.environ['MS_WORKER_NUM']}", flush=True)
 os.write(2, f"[WARNING] SESSION({os.getpid()}) a native record from rank {rank}, old: \\nAbstractTuple{{\\n}}\\n".encode())
 print(f"python's stderr on rank {rank}", file=sys.stderr, flush=True)
 fail = sys.argv[sys.argv.index("--fail") + 1] if "--fail" in sys.argv else "no"   # the script's own flag
+if fail == "slow-peer":                # rank 1 reaches the collective 8 s after rank 0
+    import mindspore as ms, numpy as np
+    from mindspore import ops
+    time.sleep(8 * rank)
+    start = time.time()
+    try:
+        ops.AllReduce()(ms.Tensor(np.ones(2, np.float32))).asnumpy()
+        print(f"rank {rank}: reduced after {time.time() - start:.0f} s", flush=True)
+    except RuntimeError:
+        print(f"rank {rank}: the collective gave up after {time.time() - start:.0f} s", flush=True)
 if rank == 1 and fail in ("raise", "kill"):
     time.sleep(1)
     with open("failed_at", "w") as f:
@@ -32,7 +42,7 @@ if rank == 1 and fail in ("raise", "kill"):
     if fail == "raise":
         raise ValueError("rank 1 cannot go on")
     os.kill(os.getpid(), signal.SIGKILL)
-if fail != "no":
+if fail not in ("no", "slow-peer"):
     time.sleep(300)                   # as a rank blocked in a collective whose peer is gone
 """
 LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK")
@@ -88,6 +98,18 @@ def test_a_failed_rank_is_named_and_the_job_stopped(job, tmp_path, fail, reporte
     assert out.stderr.rstrip().endswith(last_line), out.stderr[-2000:]
     assert "rank 1" not in out.stdout
     assert survivors(tmp_path) == []
+
+
+def test_distributed_timeout_minutes_is_how_long_a_collective_waits(job, tmp_path):
+    """--distributed-timeout-minutes reaches MindSpore's CPU collectives (MS_CPU_COMM_OP_TIMEOUT,
+    whose default gives up after 30 s): at 0.05 minutes rank 0's all-reduce gives up after 3 s
+    instead of 30. (The default, 10 minutes, lets a rank still compiling keep the others waiting:
+    an all-reduce whose peer came 40 s late passed with the variable at 120 s.)"""
+    command, env = job
+    out = subprocess.run(command + ["--fail", "slow-peer", "--distributed-timeout-minutes", "0.05"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rank 0: the collective gave up after 3 s" in out.stdout, out.stdout[-2000:]
 
 
 def test_sigterm_stops_every_rank(job, tmp_path):

@@ -19,6 +19,8 @@ The collectives are `nn.Cell`s, built once per group, so they can be called insi
 graphs and custom-bprop cells; PairExchange is host-side only. Group of size 1: every op is the
 identity (or a plain slice).
 """
+import os
+
 import mindspore as ms
 from mindspore import nn, ops
 
@@ -37,6 +39,20 @@ def serve_as_scheduler():
 def initialized():
     """Whether this process has joined msrun's job (its device is then set for good)."""
     return _STATE["initialized"]
+
+
+# MindSpore's CPU collectives give up after this many seconds without the other ranks (its
+# default 30 s, measured: an AllReduce whose peer arrived 40 s later failed at 30.0 s, and passed
+# with the variable at 120; at 8 it failed at 8.0 s). Read by the CPU collective library.
+CPU_TIMEOUT_VARIABLE = "MS_CPU_COMM_OP_TIMEOUT"
+
+
+def set_collective_timeout(minutes):
+    """Before init_distributed: the CPU collectives wait `minutes` (--distributed-timeout-minutes)
+    for the other ranks, unless MS_CPU_COMM_OP_TIMEOUT is set already. A rank that reaches a
+    collective while another still compiles its step (tens of seconds on a busy machine) waits
+    instead of failing the job."""
+    os.environ.setdefault(CPU_TIMEOUT_VARIABLE, str(max(1, round(minutes * 60))))
 
 
 def init_distributed(device):

@@ -30,8 +30,9 @@ receive retried after that gets the wrong message). Compiled lazily, a stage's f
 would wait for its neighbours' compilations (all of the previous stages' forward, then the later
 stages' forward and backward), which on a loaded machine took longer (an 8-rank CI run failed so).
 So the first training step and the first evaluation first run micro-batch 0 through this stage
-alone (inputs of zeros from no neighbour, results dropped: `warm_up`), then meet at a barrier;
-the exchanges then only wait for computation.
+alone (inputs of zeros from no neighbour, results dropped: `warm_up`), then meet at a barrier (an
+all-reduce, which waits --distributed-timeout-minutes for the slowest rank: rapidgpt/parallel/comm.py,
+set_collective_timeout); the exchanges then only wait for computation.
 """
 import contextlib
 

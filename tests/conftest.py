@@ -50,3 +50,22 @@ def runs(env, tmp_path_factory, request):
         assert len(found) == 2 * (12 - len(skipped(log))) + 3, log[-2000:]   # (loss, norm) per update, 3 validations
         return found, save, log
     return run
+
+
+_MODULE_SECONDS = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each test's setup, call and teardown time, summed per test module (a shared fixture's time
+    counts for the module of the first test that asks for it)."""
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _MODULE_SECONDS:
+        return
+    terminalreporter.section("time per test module")
+    for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
+    terminalreporter.write_line(f"{sum(_MODULE_SECONDS.values()):8.1f} s  in all")

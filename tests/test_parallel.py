@@ -50,6 +50,7 @@ def values(text):
 
 
 def assert_same_run(found, reference):
+    assert reference, "the reference run printed no value to compare with"
     assert [name for name, _ in found] == [name for name, _ in reference]
     for (name, ours), (_, expected) in zip(found, reference):
         printed = 1.5e-3 if name == "grad norm" else 0.0    # the log prints 3 decimals: rounding

@@ -160,6 +160,10 @@ class Job:
     def worker_log(self, rank):
         return os.path.join(self.log_dir, f"worker_{rank}.log")
 
+    def native_log(self, rank):
+        """What MindSpore's C++ code wrote to the rank's stderr (rapidgpt/mindspore_logs.py)."""
+        return os.path.join(self.log_dir, "mindspore", f"rank_{rank}", "stderr.log")
+
     def run(self):
         stop_signals = (signal.SIGINT, signal.SIGTERM)
         previous = {s: signal.signal(s, _interrupt) for s in stop_signals}
@@ -195,7 +199,7 @@ class Job:
             rank = self.rank_of[pid] if pid in self.rank_of else min(unmapped)
             how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             _tell(f"rank {rank} failed ({how}); stopped the other ranks", self.worker_log(rank),
-                  shown=rank == self.echo_rank)
+                  shown=rank == self.echo_rank, native=self.native_log(rank))
             return 1
         if self.msrun.returncode != 0:
             scheduler_log = os.path.join(self.log_dir, "scheduler.log")    # on the node that runs it
@@ -302,8 +306,9 @@ def _running(process):
         return False
 
 
-def _tell(headline, log, shown=False):
-    """Print what went wrong, then the end of `log` unless the terminal has just shown it."""
+def _tell(headline, log, shown=False, native=None):
+    """Print what went wrong, then the end of `log` unless the terminal has just shown it, and
+    where the rank's native stderr is (`native`: a crash in MindSpore's C++ code reports there)."""
     if shown:
         where = f"; its output is above and in {log}"
     else:
@@ -316,6 +321,8 @@ def _tell(headline, log, shown=False):
             if records:
                 where = (f"; its log {log} ({format_bytes(os.path.getsize(log))}) holds no output of its own, "
                          f"only MindSpore's records; the last of them:\n" + "\n".join(records[-3:]))
+    if native and os.path.isfile(native) and os.path.getsize(native):
+        headline += f" (MindSpore's native output of the rank: {native})"
     print(f"rapidgpt: {headline}{where}", file=sys.stderr)
 
 

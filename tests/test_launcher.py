@@ -94,7 +94,9 @@ def test_a_failed_rank_is_named_and_the_job_stopped(job, tmp_path, fail, reporte
     ended = time.time()
     assert out.returncode == 1, out.stderr[-3000:]
     assert ended - float((tmp_path / "failed_at").read_text()) < 8       # not msrun's ~30 s time-out
-    assert f"rapidgpt: {reported}; stopped the other ranks" in out.stderr
+    native = tmp_path / "logs" / "mindspore" / "rank_1" / "stderr.log"
+    assert f"rapidgpt: {reported}; stopped the other ranks (MindSpore's native output of the rank: {native})" \
+        in out.stderr
     assert out.stderr.rstrip().endswith(last_line), out.stderr[-2000:]
     assert "rank 1" not in out.stdout
     assert survivors(tmp_path) == []

@@ -1,13 +1,13 @@
 """The tests' `rapidgpt` runs, started in batches.
 
 `BatchedRuns(...)(nproc, argv)` runs the CLI with `argv` on `nproc` processes and returns its exit
-status, its output (rank 0's) and its --save folder. The first time a run of some size is asked
-for, every run of that size in `planned` (what the collected test modules declare:
-`declared_runs`) that has not run yet starts with it, one after another in the same processes
-(tests/distributed/several_runs.py): a batch pays once for what every run would pay again, msrun's
-start-up (its scheduler, building the cluster, every rank importing MindSpore). Measured on 2 CPU
-cores: a 2-rank run of the tiny GPT took 47 s alone, of which ~18 s was msrun's start-up and
-shut-down. (Selecting one test with -k still starts every planned run of its size.)
+status, its output (rank 0's) and its --save folder (its --tensorboard-dir: `tensorboard_of(save)`).
+The first time a run of some size is asked for, every run of that size in `planned` (what the
+collected test modules declare: `declared_runs`) that has not run yet starts with it, one after
+another in the same processes (tests/distributed/several_runs.py): a batch pays once for what
+every run would pay again, msrun's start-up (its scheduler, building the cluster, every rank
+importing MindSpore). Measured on 2 CPU cores: a 2-rank run of the tiny GPT took 47 s alone, of
+which ~18 s was msrun's start-up and shut-down. (Selecting one test with -k still starts every planned run of its size.)
 
 Each run is still the CLI's own `main(argv)` with a fresh engine, model, optimizer, logger and
 parallel state, as the in-process tests run it several times. What a process keeps between runs:
@@ -64,6 +64,11 @@ def msrun(nproc, script_and_args, log_dir, env, timeout=300):
     return status, log.read_text() if log.exists() else out
 
 
+def tensorboard_of(save):
+    """The --tensorboard-dir BatchedRuns gives the run saving to `save`."""
+    return Path(save).parent / "tensorboard"
+
+
 def declared_runs(request, attribute):
     """The runs that the modules of the collected tests declare in their list `attribute`, in the
     terms of the fixture that runs them (e.g. the `runs` fixture of tests/conftest.py: (nproc, tp,
@@ -113,7 +118,9 @@ class BatchedRuns:
     def _run(self, nproc, batch):
         self.batches += 1
         name = f"batch_{self.batches}_{nproc}_ranks"
-        command_lines = [list(key[1]) + ["--save", str(self.save_folder(key))] for key in batch]
+        command_lines = [list(key[1]) + ["--save", str(self.save_folder(key)),
+                                         "--tensorboard-dir", str(tensorboard_of(self.save_folder(key)))]
+                         for key in batch]
         self.folder.mkdir(parents=True, exist_ok=True)
         runs_file = self.folder / f"{name}.json"
         runs_file.write_text(json.dumps(command_lines))

@@ -37,8 +37,9 @@ def runs(env, tmp_path_factory, request):
     """`runs(nproc, tp, *flags)`: tests/test_parallel.py's TINY run on that layout with `flags`,
     saving every 6 iterations, done once per test session for every module that asks (a session
     fixture lives here so that there is one), the TINY_RUNS of one size in one job
-    (tests/batched_runs.py) -> (its printed values, its --save folder, its log)."""
-    from batched_runs import BatchedRuns, declared_runs
+    (tests/batched_runs.py) -> (its printed values with TensorBoard's grad norms, its --save
+    folder, its log)."""
+    from batched_runs import BatchedRuns, declared_runs, tensorboard_of
     from test_parallel import skipped, tiny_run, values
     batched = BatchedRuns(env, tmp_path_factory.mktemp("tiny_runs"),
                           [tiny_run(*key) for key in declared_runs(request, "TINY_RUNS")])
@@ -46,7 +47,7 @@ def runs(env, tmp_path_factory, request):
     def run(nproc, tp, *flags):
         status, log, save = batched(*tiny_run(nproc, tp, *flags))
         assert status == 0, log[-3000:]
-        found = values(log)
+        found = values(log, tensorboard_of(save))
         assert len(found) == 2 * (12 - len(skipped(log))) + 3, log[-2000:]   # (loss, norm) per update, 3 validations
         return found, save, log
     return run

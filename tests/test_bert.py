@@ -18,8 +18,8 @@ from mindspore import Tensor
 
 import rapidgpt
 from rapidgpt.data.demo_corpus import demo_documents
-from batched_runs import BatchedRuns, declared_runs
-from test_parallel import FP16, skipped
+from batched_runs import BatchedRuns, declared_runs, tensorboard_of
+from test_parallel import FP16, assert_close_run, assert_layout, assert_same_run, skipped, values
 
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = REPO / "tests" / "fixtures" / "hf_bert_tiny" / "vocab.txt"
@@ -58,7 +58,8 @@ BERT_RUNS = [(1,), (4, *TP2_PP2), (1, *FP16), (4, *FP16_TP2_ZERO3_RECOMPUTE), (1
 @pytest.fixture(scope="module")
 def bert_runs(corpus, env, tmp_path_factory, request):
     """`bert_runs(nproc, *flags)`: the BERT run with `flags`, once per module, the BERT_RUNS of one
-    size in one job (tests/batched_runs.py) -> (its printed values, its --save folder, its log)."""
+    size in one job (tests/batched_runs.py) -> (its printed values with TensorBoard's grad norms,
+    its --save folder, its log)."""
     def argv(nproc, *flags):
         return nproc, BERT + ["--data-path", corpus, *flags]
     batched = BatchedRuns(env, tmp_path_factory.mktemp("bert_runs"),
@@ -67,7 +68,7 @@ def bert_runs(corpus, env, tmp_path_factory, request):
     def run(nproc, *flags):
         status, log, save = batched(*argv(nproc, *flags))
         assert status == 0, log[-3000:]
-        return [(n, float(v)) for n, v in VALUES.findall(log)], save, log
+        return values(log, tensorboard_of(save), VALUES), save, log
     return run
 
 
@@ -88,22 +89,19 @@ def test_black_box_pretraining_logs_megatrons_bert_lines_and_loads(bert_runs):
 
 def test_tp2_pp2_prints_the_single_process_run(bert_runs):
     reference, _, _ = bert_runs(1)
-    found, _, log = bert_runs(4, *TP2_PP2)
-    assert "TP=2" in log, log[:3000]
-    assert [name for name, _ in found] == [name for name, _ in reference]
-    for (name, ours), (_, expected) in zip(found, reference):
-        printed = 1.5e-3 if name == "grad norm" else 0.0
-        assert ours == pytest.approx(expected, rel=1e-5, abs=printed), (name, ours, expected)
+    found, save, log = bert_runs(4, *TP2_PP2)
+    assert_layout(save, tp=2, world_size=4, pp=2)
+    assert len(reference) == 3 * 8 + 2 * 3         # (lm, sop loss, norm) per iteration, (lm, sop) per validation
+    assert_same_run(found, reference)
 
 
 def test_fp16_at_tp2_dp2_with_zero3_and_recompute_follows_the_single_process_fp16_run(bert_runs):
     reference, _, single_log = bert_runs(1, *FP16)
-    found, _, log = bert_runs(4, *FP16_TP2_ZERO3_RECOMPUTE)
-    assert "DP=2" in log, log[:3000]
+    found, save, log = bert_runs(4, *FP16_TP2_ZERO3_RECOMPUTE)
+    assert_layout(save, tp=2, world_size=4)
+    assert "ZeRO stage 3" in log and "activation recompute: selective (core attention) (2 cells marked)" in log
     assert skipped(log) == skipped(single_log)
-    assert [name for name, _ in found] == [name for name, _ in reference]
-    for (name, ours), (_, expected) in zip(found, reference):
-        assert ours == pytest.approx(expected, rel=5e-3, abs=5e-3), (name, ours, expected)
+    assert_close_run(found, reference, 5e-3)
 
 
 def test_without_the_binary_head_only_the_masked_lm_loss_is_trained_and_logged(bert_runs):

@@ -151,6 +151,23 @@ def test_fp16_from_2_pow_32_skips_as_the_rule_predicts_then_trains_like_fp32(cap
     assert all(line[1] == "1.0" and line[3] == "0" for line in fp32.values())
 
 
+def assert_adam_continued(before, after, beta1=0.9, beta2=0.999):
+    """`after` (a checkpoint one step after `before`) continued `before`'s Adam state: its step
+    count is one more, and each moment pair follows Adam's recurrence from `before`'s with one
+    gradient g: m' = b1 m + (1 - b1) g and v' = b2 v + (1 - b2) g^2, so the g the first moments
+    imply squares to the g^2 the second imply. (A run that started its moments afresh has m' =
+    (1 - b1) g: the g implied with `before`'s m is then off by b1 / (1 - b1) m.)"""
+    assert int(after["adam_step"]) == int(before["adam_step"]) + 1
+    moments = [name[len("adam_m."):] for name in before if name.startswith("adam_m.")]
+    assert moments and all(f"adam_v.{name}" in after for name in moments)
+    for name in moments:
+        m, v = before[f"adam_m.{name}"].astype(np.float64), before[f"adam_v.{name}"].astype(np.float64)
+        m1, v1 = after[f"adam_m.{name}"].astype(np.float64), after[f"adam_v.{name}"].astype(np.float64)
+        g_squared = ((m1 - beta1 * m) / (1 - beta1)) ** 2
+        np.testing.assert_allclose(g_squared, (v1 - beta2 * v) / (1 - beta2), rtol=1e-3,
+                                   atol=1e-3 * float(g_squared.max()), err_msg=name)
+
+
 def test_fp16_resumes_exactly_and_its_checkpoints_are_precision_free(tmp_path, capsys):
     args = ["--train-iters", "24", "--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3",
             "--lr-decay-iters", "40"]
@@ -166,9 +183,10 @@ def test_fp16_resumes_exactly_and_its_checkpoints_are_precision_free(tmp_path, c
 
     # An fp16 checkpoint resumes in fp32 (its main weights and Adam state), and the reverse.
     as_fp32, _ = run(capsys, "--train-iters", "28", "--lr-decay-iters", "40", "--load", save,
-                     "--save", str(tmp_path / "fp32"))
+                     "--save", str(tmp_path / "fp32"), "--save-interval", "1")
     assert sorted(as_fp32) == [25, 26, 27, 28]
     assert float(as_fp32[25][0]) == pytest.approx(float(full[24][0]), rel=0.05)
+    assert_adam_continued(weights, gathered_tensors(str(tmp_path / "fp32" / "iter_0000025")))
     back, _ = run(capsys, "--train-iters", "30", "--lr-decay-iters", "40", "--fp16", "--load", str(tmp_path / "fp32"))
     assert sorted(back) == [29, 30] and back[29][1] == "4294967296.0"      # a fresh scaler: not in fp32 checkpoints
     assert generation_main(TINY[2:] + ["--task", "text_generation", "--load", save, "--prompt", "a",

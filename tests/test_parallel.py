@@ -31,6 +31,7 @@ import pytest
 from batched_runs import BatchedRuns, msrun
 from rapidgpt.training.checkpoint_files import checkpoint_problem, find_checkpoint
 from rapidgpt.training.checkpointing import gathered_tensors
+from tensorboard_events import scalars
 
 REPO = Path(__file__).resolve().parent.parent
 HEADS = 4
@@ -45,15 +46,51 @@ SCALES = re.compile(r" iteration\s+(\d+)/.*?\| loss scale: ([\d.]+) \|.*?number 
 ACCURACY = re.compile(r"validation at epoch \d+ \(iteration \d+\) \| accuracy: ([0-9.]+)")
 
 
-def values(text):
-    return [(name, float(v)) for name, v in VALUES.findall(text)]
+def values(text, tensorboard=None, pattern=VALUES):
+    """[(name, value)] of the losses, grad norms and validation losses a run printed (`pattern`'s
+    names), in order. With the run's --tensorboard-dir, each grad norm is its TensorBoard scalar,
+    named "grad-norm" (the log's 3 decimals would hide differences up to 5e-4; the losses print 7
+    digits)."""
+    found = [(name, float(v)) for name, v in pattern.findall(text)]
+    if tensorboard is None:
+        return found
+    precise = [norm for _, norm in sorted(scalars(tensorboard, "grad-norm").items())]
+    printed = [i for i, (name, _) in enumerate(found) if name == "grad norm"]
+    assert len(precise) == len(printed), (len(precise), len(printed), tensorboard)
+    for i, norm in zip(printed, precise):
+        assert abs(found[i][1] - norm) <= 5e-4 + 1e-6 * norm, (i, found[i][1], norm)     # the same iteration's
+        found[i] = ("grad-norm", norm)
+    return found
+
+
+def assert_close_run(found, reference, rel):
+    """`found` and `reference` list the same values (at least one) within `rel`."""
+    assert reference and [name for name, _ in found] == [name for name, _ in reference]
+    for (name, ours), (_, expected) in zip(found, reference):
+        assert ours == pytest.approx(expected, rel=rel), (name, ours, expected)
+
+
+def assert_layout(save, tp, world_size, pp=1):
+    """The run saving to `save` ran on that layout: its checkpoint's metadata records the parallel
+    state the ranks actually built (not the flags)."""
+    metadata = json.loads(Path(find_checkpoint(str(save)), "metadata.json").read_text())
+    assert metadata["parallel"] == {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                                    "world_size": world_size}, metadata["parallel"]
+
+
+def parameters_on_rank_0(log):
+    """The parameters rank 0 holds, as it counted them in its model."""
+    return int(re.search(r"number of parameters on \(tensor, pipeline\) model parallel rank \(0, 0\): (\d+)",
+                         log).group(1))
 
 
 def assert_same_run(found, reference):
+    """Every value within 1e-5 relative; a printed grad norm ("grad norm", 3 decimals) within its
+    rounding (both lists must take the norms from the same source: the names differ)."""
     assert reference, "the reference run printed no value to compare with"
     assert [name for name, _ in found] == [name for name, _ in reference]
     for (name, ours), (_, expected) in zip(found, reference):
-        printed = 1.5e-3 if name == "grad norm" else 0.0    # the log prints 3 decimals: rounding
+        printed = 1.5e-3 if name == "grad norm" else 0.0
         assert ours == pytest.approx(expected, rel=1e-5, abs=printed), (name, ours, expected)
 
 
@@ -120,8 +157,12 @@ def test_collectives_on_subgroups_match_numpy(env, tmp_path):
 
 @pytest.mark.parametrize("nproc,tp", [(2, 2), (2, 1), (4, 2)], ids=["tp2", "dp2", "tp2xdp2"])
 def test_parallel_run_reproduces_the_single_process_run(runs, nproc, tp):
-    found, save, _ = runs(nproc, tp)
-    reference, single_save, _ = runs(1, 1)
+    found, save, log = runs(nproc, tp)
+    reference, single_save, reference_log = runs(1, 1)
+    assert_layout(save, tp=tp, world_size=nproc)
+    assert_layout(single_save, tp=1, world_size=1)
+    assert parameters_on_rank_0(log) < parameters_on_rank_0(reference_log) if tp > 1 else \
+        parameters_on_rank_0(log) == parameters_on_rank_0(reference_log)
     assert_same_run(found, reference)
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
@@ -129,42 +170,47 @@ def test_parallel_run_reproduces_the_single_process_run(runs, nproc, tp):
 
 @pytest.mark.parametrize("nproc,tp", [(2, 1)], ids=["dp2"])      # fp16 with TP: tests/test_zero.py (TP=2 x DP=2
 def test_fp16_parallel_run_follows_the_single_process_fp16_run(runs, nproc, tp):   # ZeRO-3, Rapidformer's set)
-    found, _, log = runs(nproc, tp, *FP16)
+    """Losses, the grad norms of the updated iterations (TensorBoard's) and validation losses
+    within 5e-3; the same iterations skipped at the same loss scales."""
+    found, save, log = runs(nproc, tp, *FP16)
     reference, _, reference_log = runs(1, 1, *FP16)
+    assert_layout(save, tp=tp, world_size=nproc)
     assert 0 < len(skipped(reference_log)) < 12 and skipped(log) == skipped(reference_log)
     assert SCALES.findall(log) == SCALES.findall(reference_log)          # every iteration's scale
-    assert [name for name, _ in found] == [name for name, _ in reference]
-    for (name, ours), (_, expected) in zip(found, reference):
-        if name != "grad norm":
-            assert ours == pytest.approx(expected, rel=5e-3), (name, ours, expected)
+    assert_close_run(found, reference, 5e-3)
 
 
 @pytest.mark.parametrize("flags", [("--checkpoint-activations",), ("--recompute-activations",)],
                          ids=["full", "selective"])
 def test_recompute_on_tp2_prints_exactly_the_run_without_it(runs, flags):
-    found, _, _ = runs(2, 2, *flags)
-    reference, _, _ = runs(2, 2)
+    found, _, log = runs(2, 2, *flags)
+    reference, _, reference_log = runs(2, 2)
+    kind = "full, uniform, 1 layer(s)" if flags == ("--checkpoint-activations",) else "selective (core attention)"
+    assert f"activation recompute: {kind} (2 cells marked)" in log      # the 2 layers, or their core attentions
+    assert "activation recompute" not in reference_log
     assert found == reference
 
 
 def test_tp2_x_dp2_checkpoint_resumes_in_one_process(runs, env, tmp_path):
     _, save, _ = runs(4, 2)
     reference, _, _ = runs(1, 1)
-    status, log = single(TINY + ["--load", checkpoint_of(save, 6, tmp_path)], env)
+    status, log = single(TINY + ["--load", checkpoint_of(save, 6, tmp_path / "load"),
+                                 "--tensorboard-dir", str(tmp_path / "tb")], env)
     assert status == 0, log[-3000:]
     assert "resharded checkpoint" in log and "saved at tensor-parallel size 2, resharded to 1" in log
-    assert_same_run(values(log), reference[13:])       # iterations 7..12 and the last two validations
+    assert_same_run(values(log, tmp_path / "tb"), reference[13:])    # iterations 7..12, the last 2 validations
 
 
 def test_single_process_checkpoint_resumes_on_tp2_x_dp2(runs, env, tmp_path):
     _, save, _ = runs(1, 1)
     reference, _, _ = runs(1, 1)
     load = checkpoint_of(save, 6, tmp_path / "load")
-    status, log = msrun(4, ["rapidgpt/cli.py"] + TINY + ["--load", load, "--tensor-model-parallel-size", "2"],
+    status, log = msrun(4, ["rapidgpt/cli.py"] + TINY + ["--load", load, "--tensor-model-parallel-size", "2",
+                                                         "--tensorboard-dir", str(tmp_path / "tb")],
                         tmp_path / "logs", env)
     assert status == 0, log[-3000:]
     assert "resharded to 2" in log
-    assert_same_run(values(log), reference[13:])
+    assert_same_run(values(log, tmp_path / "tb"), reference[13:])
 
 
 def test_tp2_checkpoint_evaluated_in_one_process_gives_the_tp2_validation_loss(runs, env):

@@ -54,14 +54,14 @@ def prepare_model(model, precision, recompute, logger=None, jit=True, compile_la
             sharded = shard_model_parameters(model, ms.float32 if gather_in_fp32 else None)
         except FullyShardedModelError as error:
             raise ModelTransformError(str(error)) from None
-    if recompute.granularity is not None:
-        apply_recompute(model, recompute)
+    recomputed = apply_recompute(model, recompute) if recompute.granularity is not None else 0
     compiled = compile_pipeline_stage(model, recompute) if compile_layers else None
     for cell, unit in sharded:
         if compiled is None or id(cell) in compiled:      # a pipeline stage runs the rest op by op
             regather_in_backward(unit)
     if logger is not None and (precision.half or recompute.granularity):
-        logger.info(f" > precision: {precision.describe()} | activation recompute: {recompute.describe()}")
+        marked = f" ({recomputed} cells marked)" if recompute.granularity else ""
+        logger.info(f" > precision: {precision.describe()} | activation recompute: {recompute.describe()}{marked}")
         if recompute.granularity and jit and ms.get_context("device_target") == "CPU":
             logger.warning(CPU_COMPILED_RECOMPUTE)
     return model
@@ -161,7 +161,8 @@ def layer_lists(model):
 
 
 def apply_recompute(model, config):
-    """Mark what the backward recomputes instead of keeping (MindSpore's `Cell.recompute`).
+    """Mark what the backward recomputes instead of keeping (MindSpore's `Cell.recompute`) -> the
+    number of cells marked.
 
     selective: each RapidGPT CoreAttention. full/uniform: the layers in chunks of N consecutive
     ones, only each chunk's input kept; full/block: the first N layers of each layer list.
@@ -175,18 +176,20 @@ def apply_recompute(model, config):
                              f"recompute; use --recompute-granularity full with a `layers` list, or no recompute")
         for core in cores:
             core.recompute()
-        return
+        return len(cores)
     lists = layer_lists(model)
     if not lists:
         raise ModelTransformError(f"--recompute-granularity full: the model ({name}) has no `layers` list to recompute; "
                          f"keep its transformer layers in `self.layers = nn.CellList([...])` and run them in "
                          f"order in construct, or drop the recompute flags")
+    marked = 0
     for layers in lists:
         cells = list(layers)
         n = config.num_layers
         if config.method == "block":
             for layer in cells[:n]:
                 layer.recompute()
+            marked += len(cells[:n])
             continue
         for start in range(0, len(cells), n):
             chunk = cells[start:start + n]
@@ -195,3 +198,5 @@ def apply_recompute(model, config):
             for layer in chunk[:-1]:
                 layer.recompute(output_recompute=True)
             chunk[-1].recompute()
+        marked += len(cells)
+    return marked

@@ -177,7 +177,12 @@ class ForwardBackwardNoPipelining(nn.Cell):
         (scaled, total, stats, names), grads = self.micro_batch(stacked, 0, iteration, multiplier)
         total = ops.depend(total, scaled)
         grads = accumulate(None, grads, self.cast_to_fp32)
-        for i in range(1, n):          # unrolled: each micro-batch is its own subgraph
+        # Unrolled: each micro-batch is its own subgraph, so compiling costs ~n times one
+        # micro-batch (benchmarks/compile_profile.py). Not a loop, measured with MindSpore 2.10 on
+        # CPU: a `while` over a tensor index compiles to the same losses, but the step then hangs
+        # at run time once a tensor-dependent `if` follows the loop (the optimizer's skip on
+        # overflow); ops.ForiLoop refuses a body that reads the graph's inputs.
+        for i in range(1, n):
             (scaled, loss, micro_stats, same_names), micro_grads = self.micro_batch(stacked, i, iteration, multiplier)
             total = total + ops.depend(ops.depend(loss, scaled), same_names)
             stats = add_stats(stats, micro_stats)

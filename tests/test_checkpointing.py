@@ -15,6 +15,7 @@ from rapidgpt.arguments import ArgumentError, build_parser, given_flags, apply_c
 from rapidgpt.tasks.pretraining import main as pretrain_main
 from rapidgpt.tasks.text_generation import main as generation_main
 from rapidgpt.training.checkpoint_files import LATEST, checkpoint_problem, find_checkpoint, iteration_dir
+from tensorboard_events import scalars
 
 # Dropout on: its masks are a function of (seed, iteration, micro-batch, cell, position), so a
 # resumed run repeats them.
@@ -49,14 +50,18 @@ def copy_of(trained, tmp_path):
 
 
 def test_resume_continues_the_uninterrupted_run_exactly(tmp_path, capsys):
-    full, _ = run(capsys, "--train-iters", "8", "--seed", "3")
+    full, _ = run(capsys, "--train-iters", "8", "--seed", "3", "--tensorboard-dir", str(tmp_path / "full"))
     save = str(tmp_path / "ckpt")
     first, _ = run(capsys, "--train-iters", "8", "--exit-interval", "4", "--save", save, "--seed", "3")
     assert sorted(first) == [1, 2, 3, 4] and open(os.path.join(save, LATEST)).read() == "4"
-    resumed, out = run(capsys, "--train-iters", "8", "--load", save, "--save", save, "--seed", "3")
+    resumed, out = run(capsys, "--train-iters", "8", "--load", save, "--save", save, "--seed", "3",
+                       "--tensorboard-dir", str(tmp_path / "resumed"))
     assert "loaded checkpoint from" in out and sorted(resumed) == [5, 6, 7, 8]
     assert {i: full[i] for i in range(5, 9)} == resumed            # loss and grad norm, to the digit
     assert {i: full[i] for i in range(1, 5)} == first
+    for tag in ("lm_loss", "grad-norm"):                           # and the float32 values, bit for bit
+        expected = {i: v for i, v in scalars(tmp_path / "full", tag).items() if i > 4}
+        assert len(expected) == 4 and scalars(tmp_path / "resumed", tag) == expected, tag
     assert open(os.path.join(save, LATEST)).read() == "8"
 
 

@@ -15,6 +15,7 @@ from rapidgpt.tasks.pretraining import main as pretrain_main
 from rapidgpt.tasks.text_generation import main as generation_main
 from rapidgpt.training.checkpointing import gathered_tensors
 from rapidgpt.training.step import TrainStep
+from tensorboard_events import scalars
 
 # The demo corpus, a tiny GPT, dropout on.
 TINY = ["--task", "pretraining", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
@@ -171,11 +172,14 @@ def assert_adam_continued(before, after, beta1=0.9, beta2=0.999):
 def test_fp16_resumes_exactly_and_its_checkpoints_are_precision_free(tmp_path, capsys):
     args = ["--train-iters", "24", "--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3",
             "--lr-decay-iters", "40"]
-    full, _ = run(capsys, *args)
+    full, _ = run(capsys, *args, "--tensorboard-dir", str(tmp_path / "full"))
     save = str(tmp_path / "ckpt")
     run(capsys, *args, "--save", save, "--save-interval", "12", "--exit-interval", "12")
-    resumed, _ = run(capsys, *args, "--load", save, "--save", save)
+    resumed, _ = run(capsys, *args, "--load", save, "--save", save, "--tensorboard-dir", str(tmp_path / "resumed"))
     assert {i: full[i] for i in range(13, 25)} == resumed          # loss, scale, grad norm, to the digit
+    for tag in ("lm_loss", "loss-scale", "grad-norm"):               # and the float32 values, bit for bit
+        expected = {i: v for i, v in scalars(tmp_path / "full", tag).items() if i > 12}
+        assert expected and scalars(tmp_path / "resumed", tag) == expected, tag
     assert len({line[1] for line in full.values()}) > 2            # the scale moved (grew) on the way
     weights = gathered_tensors(save)
     assert weights["layers.0.mlp.dense_h_to_4h.weight"].dtype == np.float32      # the fp32 main weights

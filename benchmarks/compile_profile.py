@@ -16,6 +16,11 @@ row changes one thing, and its difference to the base is that factor's share:
     cold kernel cache      an empty MS_COMPILER_CACHE_PATH: building the fused kernels (AKG + g++)
     pipeline stage (PP=2)  2 processes, --pipeline-model-parallel-size 2: rank 0's stage (half the
                            layers, compiled piecewise), against the base's whole model
+    model graph only       not a training run: the base model (built and transformed as the engine
+                           does) with its forward and backward of one micro-batch compiled alone
+                           (mindspore.jit over value_and_grad), no schedule or optimizer wrapper; its
+                           difference to the base is what the rest of the step graph costs (the
+                           schedule's bookkeeping, gradient norm, clipping, overflow check, update)
 
 The machine's CPU and its cores are printed first; figures vary with the host's load (the median
 of --repeats rounds is printed).
@@ -59,6 +64,48 @@ def command(size, layers_factor=1, micro_batches=1, extra=()):
             "--no-progress-bar", "--max-new-tokens", "0", "--lr", "1e-4", *extra]
 
 
+def model_graph_seconds(size):
+    """(compile seconds, steady seconds) of the base model's forward and backward alone (runs in a
+    fresh process: `compile_profile.py --model-graph-only SIZE`)."""
+    import time
+
+    import rapidgpt  # noqa: F401  (first: it sets OpenMP's wait policy before MindSpore loads)
+    import mindspore as ms
+    import numpy as np
+    from mindspore import ParameterTuple, Tensor
+
+    from rapidgpt.engine import RapidGPTEngine
+    from rapidgpt.models.gpt import build_gpt_model, lm_loss_func
+    from rapidgpt.parallel.random import initialize_parameters
+    from rapidgpt.training.model_transforms import prepare_model
+
+    flags = command(size)[5:]
+    flags = flags[:flags.index("--max-new-tokens")] + flags[flags.index("--max-new-tokens") + 2:]   # a task flag
+    args = RapidGPTEngine(argv=flags).args
+    model = build_gpt_model(args, 4096)
+    initialize_parameters(model, args.seed)
+    prepare_model(model, args.precision, args.recompute, zero=args.zero)
+    model.set_train(True)
+    b, s = SIZES[size]["micro"], SIZES[size]["seq"]
+    tokens = Tensor(np.random.default_rng(0).integers(0, 4096, (b, s + 1)).astype(np.int32))
+    mask = Tensor(np.ones((b, s), np.float32))
+
+    def loss(tokens):
+        return lm_loss_func(mask, model(tokens[:, :-1], None, None, tokens[:, 1:]))
+    gradients = ms.value_and_grad(loss, None, ParameterTuple(model.trainable_params()))
+
+    @ms.jit
+    def step(tokens):
+        return gradients(tokens)[0]
+    seconds = []
+    for _ in range(4):
+        start = time.perf_counter()
+        float(step(tokens))
+        seconds.append(time.perf_counter() - start)
+    steady = statistics.median(seconds[1:])
+    return seconds[0] - steady, steady
+
+
 def compile_seconds(argv, env):
     """(compile seconds, steady step seconds) of one fresh run."""
     with tempfile.TemporaryDirectory() as logs:
@@ -75,7 +122,11 @@ def main():
     parser.add_argument("--size", choices=SIZES, default="bench")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-pipeline", action="store_true", help="leave out the 2-process pipeline row")
+    parser.add_argument("--model-graph-only", choices=SIZES, help=argparse.SUPPRESS)    # the inner process
     args = parser.parse_args()
+    if args.model_graph_only:
+        print("MODEL GRAPH %.3f %.4f" % model_graph_seconds(args.model_graph_only))
+        return 0
 
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     cold = tempfile.mkdtemp(prefix="rapidgpt-cold-kernels-")
@@ -97,13 +148,20 @@ def main():
             if row_env is None:                    # a fresh, empty kernel cache every round
                 row_env = dict(env, MS_COMPILER_CACHE_PATH=tempfile.mkdtemp(dir=cold))
             results.setdefault(name, []).append(compile_seconds(argv, row_env))
+        inner = subprocess.run([sys.executable, __file__, "--model-graph-only", args.size], env=env, cwd=ROOT,
+                               capture_output=True, text=True)
+        found = re.search(r"^MODEL GRAPH ([\d.-]+) ([\d.]+)$", inner.stdout, re.M)
+        if found is None:
+            raise SystemExit(f"the model-graph-only process failed:\n{inner.stdout[-2000:]}{inner.stderr[-2000:]}")
+        results.setdefault("model graph only", []).append((float(found.group(1)), float(found.group(2))))
     base = statistics.median(c for c, _ in results["base"])
     print(f"{'run':<24}{'compile s':>11}{'vs base':>10}{'step s':>9}   what the difference is")
     meaning = {"layers x2": f"{SIZES[args.size]['layers']} more inlined layers",
                "micro-batches x4": "3 more unrolled micro-batches",
                "no dropout": "minus the dropout-mask graphs", "unfused": "minus the fusion passes",
                "cold kernel cache": "plus building the fused kernels",
-               "pipeline stage (PP=2)": "rank 0's stage (4 micro-batches) against the whole model (1)"}
+               "pipeline stage (PP=2)": "rank 0's stage (4 micro-batches) against the whole model (1)",
+               "model graph only": "forward + backward alone: base minus this = schedule + optimizer wrapper"}
     for name, values in results.items():
         c = statistics.median(v[0] for v in values)
         s = statistics.median(v[1] for v in values)

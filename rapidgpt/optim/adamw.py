@@ -47,6 +47,12 @@ class _Optimizer(nn.Cell):
         # Python floats: constants folded into the compiled graph.
         self.weight_decays = weight_decays_of(self.parameters, weight_decay, no_decay_filter)
         self.learning_rate = Parameter(Tensor(lr, ms.float32), name="learning_rate", requires_grad=False)
+        # Set by ZeRO (rapidgpt/optim/mixed_precision.py): every parameter is written by an assign
+        # before its update kernel (p *= 1 - lr*wd, exact at wd = 0). Under ZeRO the pieces are
+        # read right after the update, to be gathered; MindSpore 2.10 ordered those reads after
+        # the Adam/ApplyMomentum kernels only behind such an assign (measured: ZeRO-1 with
+        # --weight-decay 0 gathered the pieces of the step before).
+        self.assign_before_update = False
 
     def with_parameters(self, params, weight_decays=None):
         """This optimizer (hyper-parameters, each parameter's weight decay) over `params`, which
@@ -56,6 +62,7 @@ class _Optimizer(nn.Cell):
         if weight_decays is None and len(twin.parameters) != len(self.parameters):
             raise ValueError(f"with_parameters: {len(params)} parameters for an optimizer of {len(self.parameters)}")
         twin.weight_decays = self.weight_decays if weight_decays is None else tuple(weight_decays)
+        twin.assign_before_update = weight_decays is not None
         return twin
 
     def _update_lr(self, lr):
@@ -105,8 +112,9 @@ class AdamW(_Optimizer):
         t = ops.cast(self.step_count, ms.float32)
         beta1_power, beta2_power = ops.pow(self.beta1, t), ops.pow(self.beta2, t)
         eps = self.eps * ops.sqrt(1 - beta2_power)
+        # A loop, not rapidgpt.tensor_tuples.map_tensors: see there why updates are not mapped.
         for p, m, v, g, wd in zip(self.parameters, self.exp_avg, self.exp_avg_sq, grads, self.weight_decays):
-            if wd > 0:                  # a Python constant: no branch in the graph
+            if wd > 0 or self.assign_before_update:          # Python constants: no branch in the graph
                 p = ops.depend(p, ops.assign(p, p * (1 - lr * wd)))
             self.adam(p, m, v, beta1_power, beta2_power, lr, self.beta1, self.beta2, eps,
                       ops.cast(g, p.dtype))
@@ -140,6 +148,8 @@ class SGD(_Optimizer):
             if self.weight_decays[i] > 0:
                 d_p = d_p + self.weight_decays[i] * p
             if self.momentum > 0:
+                if self.assign_before_update:
+                    p = ops.depend(p, ops.assign(p, p * 1))
                 self.apply_momentum(p, self.momentum_buffers[i], ops.cast(lr, p.dtype), d_p, self.momentum)
             else:
                 ops.assign_sub(p, ops.cast(lr, p.dtype) * d_p)

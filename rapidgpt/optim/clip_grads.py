@@ -10,8 +10,13 @@ all-reduce that adds the partial sums of squares over the TP group before the sq
 import mindspore as ms
 from mindspore import ops
 
+from rapidgpt.tensor_tuples import map_tensors
 
-def _sum_of_squares(g):
+
+def _sum_of_squares(counted, g):
+    """g's sum of squares in fp32, or 0 when this rank does not count it (`counted` a Python bool)."""
+    if not counted:
+        return ops.zeros((), ms.float32)
     g = ops.square(ops.cast(g, ms.float32))
     if g.ndim > 1:
         # Two stages: a full reduction of a >1-D tensor is several times slower on MindSpore's
@@ -20,15 +25,24 @@ def _sum_of_squares(g):
     return ops.sum(g)
 
 
-def global_grad_norm(grads, sum_over_ranks=None):
+def global_grad_norm(grads, sum_over_ranks=None, counted=None):
     """L2 norm over all gradients together, accumulated in fp32 (fp16 squares overflow);
-    `sum_over_ranks` (a rapidgpt.parallel.comm.AllReduce) adds other ranks' sums of squares.
+    `counted` (Python bools, one per gradient; default all) leaves out the ones another rank
+    counts, `sum_over_ranks` (a rapidgpt.parallel.comm.AllReduce) adds other ranks' sums of squares.
 
     It is non-finite whenever some gradient holds a NaN/Inf, so it doubles as the finite check
     of the step (no second pass over the gradients).
     """
-    # No gradients: a rank whose ZeRO-2 pieces are all of parameters another rank counts.
-    squares = ops.addn([_sum_of_squares(g) for g in grads]) if grads else ops.zeros((), ms.float32)
+    # Left out: a constant 0, which the compiler drops from the sum; MindSpore's CPU AddN refuses
+    # fewer than 2 inputs, so a rank counting none or one (ZeRO-2 pieces) adds nothing.
+    counted = counted if counted is not None else (True,) * len(grads)
+    number = counted.count(True)
+    if number == 0:
+        squares = ops.zeros((), ms.float32)
+    elif number == 1:
+        squares = _sum_of_squares(True, grads[counted.index(True)])
+    else:
+        squares = ops.addn(map_tensors(_sum_of_squares, counted, grads))
     return ops.sqrt(squares if sum_over_ranks is None else sum_over_ranks(squares))
 
 
@@ -45,4 +59,8 @@ def clip_grads_by_global_norm(grads, max_norm, norm=None):
     if max_norm <= 0:
         return grads, norm
     coeff = ops.minimum(max_norm / (norm + 1e-6), 1.0)
-    return tuple(g * ops.cast(coeff, g.dtype) for g in grads), norm
+    return map_tensors(ops.partial(_scaled, coeff), grads), norm
+
+
+def _scaled(coeff, g):
+    return g * ops.cast(coeff, g.dtype)

@@ -44,12 +44,18 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 from rapidgpt.optim.mixed_precision import OptimizerWrapper, checkpoint_name
+from rapidgpt.tensor_tuples import after, assign_cast, map_tensors
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.data_parallel import REDUCED_IN_BACKWARD, ShardedKind, ShardedState, ShardPlan, padded_cat
 from rapidgpt.parallel.state import (get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size,
                                      get_parallel_state)
 
 PIECE_PREFIX = "zero_shard."
+
+
+def _piece_of(grads, i, first, end):
+    """Elements [first, end) of gradient i, flattened."""
+    return grads[i].reshape(-1)[first:end]
 
 
 class DistributedOptimizerWrapper(OptimizerWrapper):
@@ -95,12 +101,10 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
 
     def step(self, grads, lr):
         if not self.shards_gradients:
-            grads = tuple(grads[i].reshape(-1)[lo:hi] for i, lo, hi in self.plan.pieces)
+            grads = map_tensors(ops.partial(_piece_of, grads), *self.plan.piece_columns)
         done = self.optimizer(grads, lr)
-        whole = self.gather_pieces(tuple(ops.depend(p, done) for p in self.main_params))
-        for model_param, value in zip(self.parameters, whole):
-            ops.assign(model_param, ops.cast(value, model_param.dtype))
-        return done
+        whole = self.gather_pieces(map_tensors(ops.partial(after, done), self.main_params))
+        return ops.depend(done, map_tensors(ops.partial(assign_cast, done), self.parameters, whole))
 
     # -- checkpoints: the tensors an unsharded run saves, whole ----------------------------------
 

@@ -47,6 +47,7 @@ from rapidgpt.optim.clip_grads import clip_grads_by_global_norm, global_grad_nor
 from rapidgpt.optim.grad_scaler import build_grad_scaler
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.state import get_model_parallel_group, get_tensor_model_parallel_rank
+from rapidgpt.tensor_tuples import assign_cast, map_tensors, times, to_fp32
 
 MAIN_PARAMS_PREFIX = "main_params."
 
@@ -110,12 +111,10 @@ class OptimizerWrapper(nn.Cell):
 
     def construct(self, grads, lr):
         if self.half:
-            grads = tuple(ops.cast(g, ms.float32) for g in grads)
+            grads = map_tensors(to_fp32, grads)
         if self.grad_scaler is not None:
-            inverse = 1.0 / self.grad_scaler.scale
-            grads = tuple(g * inverse for g in grads)
-        norm = global_grad_norm(tuple(g for g, counted in zip(grads, self.in_norm) if counted),
-                                self.norm_sum_over_ranks)
+            grads = map_tensors(ops.partial(times, 1.0 / self.grad_scaler.scale), grads)
+        norm = global_grad_norm(grads, self.norm_sum_over_ranks, self.in_norm)
         # A NaN/Inf gradient makes the norm non-finite (as does a norm beyond fp32, which
         # clipping would turn into a zero update): one scalar test instead of a pass over grads.
         updated = ops.isfinite(norm)
@@ -128,8 +127,7 @@ class OptimizerWrapper(nn.Cell):
     def step(self, grads, lr):
         done = self.optimizer(grads, lr)
         if self.half:
-            for model_param, main_param in zip(self.parameters, self.main_params):
-                ops.assign(model_param, ops.cast(ops.depend(main_param, done), model_param.dtype))
+            done = ops.depend(done, map_tensors(ops.partial(assign_cast, done), self.parameters, self.main_params))
         return done
 
     def held_bytes(self):
@@ -229,7 +227,7 @@ def _piece_optimizer(optimizer, owners, args):
     if optimizer is None:
         def make(pieces, piece_decays):
             inner = build_optimizer(args, pieces)
-            inner.weight_decays = piece_decays
+            inner.weight_decays, inner.assign_before_update = piece_decays, True
             return inner
         return weight_decays_of(owners, args.weight_decay), make
     if not hasattr(optimizer, "with_parameters"):

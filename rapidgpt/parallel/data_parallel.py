@@ -25,6 +25,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from rapidgpt.parallel import comm
+from rapidgpt.tensor_tuples import map_tensors
 
 DEFAULT_BUCKET_ELEMENTS = 1 << 25          # 32M elements (128 MB of fp32) per all-reduce
 
@@ -55,22 +56,19 @@ class GradientSummer(nn.Cell):
     def __init__(self, params, group, bucket_elements=DEFAULT_BUCKET_ELEMENTS):
         super().__init__()
         self.size = comm.group_size(group)
-        self.shapes = tuple(tuple(p.shape) for p in params)
-        self.counts = tuple(int(p.size) for p in params)
-        self.buckets = plan_buckets(params, bucket_elements)
+        # Buckets hold consecutive indices: each is a slice of the gradient tuple, laid out flat
+        # as a ShardPlan of one rank lays out its parameters.
+        self.buckets = tuple((bucket[0], bucket[-1] + 1, ShardPlan([params[i].shape for i in bucket], 1, 0))
+                             for bucket in plan_buckets(params, bucket_elements))
         self.all_reduce = comm.AllReduce(group)
 
     def construct(self, grads):
         if self.size == 1:
             return grads
-        averaged = []                       # buckets hold consecutive indices: params order
-        for bucket in self.buckets:
-            flat = self.all_reduce(ops.cat([grads[i].reshape(-1) for i in bucket]))
-            start = 0
-            for i in bucket:
-                averaged.append(flat[start:start + self.counts[i]].reshape(self.shapes[i]))
-                start += self.counts[i]
-        return tuple(averaged)
+        summed = ()
+        for first, end, layout in self.buckets:
+            summed = summed + layout.split(self.all_reduce(ops.cat(map_tensors(flattened, grads[first:end]))))
+        return summed
 
 
 class ShardPlan:
@@ -84,19 +82,30 @@ class ShardPlan:
     def __init__(self, shapes, size, rank):
         self.shapes = tuple(tuple(shape) for shape in shapes)
         counts = [math.prod(shape) for shape in shapes]
-        self.offsets = [sum(counts[:i]) for i in range(len(counts))]
+        self.offsets = tuple(sum(counts[:i]) for i in range(len(counts)))
         self.total = sum(counts)
         self.shard = math.ceil(self.total / size)
         self.size = size
         start, end = rank * self.shard, (rank + 1) * self.shard
         self.pieces = tuple((i, max(start, a) - a, min(end, a + n) - a)
                             for i, (a, n) in enumerate(zip(self.offsets, counts)) if a < end and a + n > start)
+        # The pieces as three columns (parameter indices, firsts, ends), to map over in a graph.
+        self.piece_columns = tuple(tuple(column) for column in zip(*self.pieces))
         self.padding = self.shard - sum(hi - lo for _, lo, hi in self.pieces)
         self.flat_padding = size * self.shard - self.total          # all ranks' padding: the last ranks'
 
     def split(self, flat):
         """The whole flat vector (all ranks' ranges) -> each parameter's tensor, in order."""
         return tuple(flat[a:a + math.prod(shape)].reshape(shape) for a, shape in zip(self.offsets, self.shapes))
+
+
+def _cut(flat, offset, shape):
+    """The tensor of `shape` that starts at `offset` of the 1-D `flat`."""
+    return flat[offset:offset + math.prod(shape)].reshape(shape)
+
+
+def flattened(tensor):
+    return tensor.reshape(-1)
 
 
 def padded_cat(parts, zeros, dtype):
@@ -117,16 +126,25 @@ class GradientShardReducer(nn.Cell):
         self.dtype = dtype
         self.flat_padding = plan.flat_padding
         self.reduce_scatter = comm.ReduceScatter(group)
-        bounds, start = [], 0
+        starts, ends, start = [], [], 0
         for _, lo, hi in plan.pieces:
-            bounds.append((start, start + hi - lo))
+            starts.append(start)
             start += hi - lo
-        self.bounds = tuple(bounds)
+            ends.append(start)
+        self.starts, self.ends = tuple(starts), tuple(ends)
 
     def construct(self, grads):
-        flat = padded_cat([ops.cast(g.reshape(-1), self.dtype) for g in grads], self.flat_padding, self.dtype)
+        flat = padded_cat(map_tensors(ops.partial(_flattened_as, self.dtype), grads), self.flat_padding, self.dtype)
         shard = self.reduce_scatter(flat)
-        return tuple(shard[a:b] for a, b in self.bounds)
+        return map_tensors(ops.partial(_range_of, shard), self.starts, self.ends)
+
+
+def _flattened_as(dtype, tensor):
+    return ops.cast(tensor.reshape(-1), dtype)
+
+
+def _range_of(flat, start, end):
+    return flat[start:end]
 
 
 class ShardedKind:

@@ -14,6 +14,7 @@ from rapidgpt.parallel import comm
 from rapidgpt.parallel.data_parallel import REDUCED_IN_BACKWARD, GradientShardReducer, GradientSummer
 from rapidgpt.parallel.random import micro_batch_key, set_dropout_key
 from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size
+from rapidgpt.tensor_tuples import map_tensors, to_fp32
 
 
 def loss_and_stats(output):
@@ -81,8 +82,8 @@ def casts_to_fp32(params, accumulate_in_fp32):
 def accumulate(grads, micro_grads, cast_to_fp32):
     """`grads + micro_grads` (tuples in params order; `grads` None for the first micro-batch)."""
     if cast_to_fp32:
-        micro_grads = tuple(ops.cast(g, ms.float32) for g in micro_grads)
-    return micro_grads if grads is None else tuple(a + b for a, b in zip(grads, micro_grads))
+        micro_grads = map_tensors(to_fp32, micro_grads)
+    return micro_grads if grads is None else map_tensors(ops.add, grads, micro_grads)
 
 
 def _itemsize(dtype):

@@ -47,11 +47,12 @@ class _Optimizer(nn.Cell):
         # Python floats: constants folded into the compiled graph.
         self.weight_decays = weight_decays_of(self.parameters, weight_decay, no_decay_filter)
         self.learning_rate = Parameter(Tensor(lr, ms.float32), name="learning_rate", requires_grad=False)
-        # Set by ZeRO (rapidgpt/optim/mixed_precision.py): every parameter is written by an assign
-        # before its update kernel (p *= 1 - lr*wd, exact at wd = 0). Under ZeRO the pieces are
-        # read right after the update, to be gathered; MindSpore 2.10 ordered those reads after
-        # the Adam/ApplyMomentum kernels only behind such an assign (measured: ZeRO-1 with
-        # --weight-decay 0 gathered the pieces of the step before).
+        # Set under ZeRO (rapidgpt/optim/mixed_precision.py), whose wrapper reads the pieces right
+        # after the update to gather them: every parameter is then written by an assign before its
+        # update kernel (p *= 1 - lr*wd, exact at wd = 0). MindSpore 2.10 does not reliably order
+        # a read of a Parameter after an in-place kernel (Adam, ApplyMomentum) alone: at commit
+        # c3aa45a ZeRO-1 with --weight-decay 0 gathered the previous step's pieces (measured),
+        # and a preceding assign ordered them. Cost: one pass over the undecayed pieces per step.
         self.assign_before_update = False
 
     def with_parameters(self, params, weight_decays=None):

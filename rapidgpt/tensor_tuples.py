@@ -6,8 +6,8 @@ comprehension or a loop growing a tuple compiles in time quadratic in the tuple'
 on CPU (a jitted function scaling 64x64 tensors): 100 tensors 2.3-3.3 s, 200 tensors 6.7-9.5 s;
 the same map through `ops.HyperMap` 0.09 and 0.17 s. A GPT has ~12 parameters per layer, and the
 step maps over them several times (accumulate, unscale, norm, clip), so this was much of the first
-step's compile time: the bench model's step (benchmarks/compile_profile.py) compiled in 9.0 s
-before, 5.1 s after.
+step's compile time: benchmarks/compile_profile.py's base row (bench model) 8.8 s before, 5.6 s
+after.
 
 `fn` may take Python constants as well as tensors: a tuple of Python values (e.g. whether each
 gradient counts in the norm) is mapped element by element like a tuple of tensors, and `fn`

@@ -44,11 +44,11 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 from rapidgpt.optim.mixed_precision import OptimizerWrapper, checkpoint_name
-from rapidgpt.tensor_tuples import after, assign_cast, map_tensors
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.data_parallel import REDUCED_IN_BACKWARD, ShardedKind, ShardedState, ShardPlan, padded_cat
 from rapidgpt.parallel.state import (get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size,
                                      get_parallel_state)
+from rapidgpt.tensor_tuples import after, assign_cast, map_tensors
 
 PIECE_PREFIX = "zero_shard."
 

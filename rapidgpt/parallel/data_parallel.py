@@ -96,7 +96,7 @@ class ShardPlan:
 
     def split(self, flat):
         """The whole flat vector (all ranks' ranges) -> each parameter's tensor, in order."""
-        return tuple(flat[a:a + math.prod(shape)].reshape(shape) for a, shape in zip(self.offsets, self.shapes))
+        return map_tensors(ops.partial(_cut, flat), self.offsets, self.shapes)
 
 
 def _cut(flat, offset, shape):

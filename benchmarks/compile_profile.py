@@ -61,7 +61,8 @@ def command(size, layers_factor=1, micro_batches=1, extra=()):
             "--num-attention-heads", str(s["heads"]), "--seq-length", str(s["seq"]),
             "--micro-batch-size", str(s["micro"]), "--global-batch-size", str(s["micro"] * micro_batches),
             "--train-iters", "5", "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000",
-            "--no-progress-bar", "--max-new-tokens", "0", "--lr", "1e-4", *extra]
+            "--no-progress-bar", "--max-new-tokens", "0", "--lr", "1e-4",
+            "--compile-cache", "off", *extra]       # every row compiles (none loads a cached step)
 
 
 def model_graph_seconds(size):

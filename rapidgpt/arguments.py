@@ -17,6 +17,7 @@ import sys
 
 from rapidgpt.data.gpt_dataset import parse_split
 from rapidgpt.config.bert import add_bert_args, check_bert_args
+from rapidgpt.config.compile_cache import add_compile_cache_args, check_compile_cache_args
 from rapidgpt.config.kernel_fusion import add_kernel_fusion_args, check_kernel_fusion_args
 from rapidgpt.config.precision import add_precision_args, check_precision_args
 from rapidgpt.config.recompute import add_recompute_args, check_recompute_args
@@ -292,7 +293,8 @@ def build_parser(extra_args_provider=None):
                                     "and Rapidformer's names.")
     for add in (_model_args, add_bert_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
                 _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
-                add_zero_args, add_kernel_fusion_args, _launcher_args, _rapidformer_args, _reserved_args):
+                add_zero_args, add_kernel_fusion_args, add_compile_cache_args, _launcher_args, _rapidformer_args,
+                _reserved_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -416,6 +418,7 @@ def validate_args(args, world_size=1, check=None):
     check_recompute_args(args, check)
     check_zero_args(args, check)
     check_kernel_fusion_args(args, check)
+    check_compile_cache_args(args, check)
     if own:
         check.raise_if_any()
     return args

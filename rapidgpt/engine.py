@@ -15,6 +15,7 @@ from rapidgpt.arguments import parse_args
 from rapidgpt.flag_parser import ArgumentError
 from rapidgpt.global_vars import get_logger, set_global_variables
 from rapidgpt.mindspore_logs import records_line
+from rapidgpt.config.compile_cache import check_compile_cache_environment, describe_compile_cache
 from rapidgpt.config.kernel_fusion import check_kernel_fusion_backend, enable_kernel_fusion
 from rapidgpt.config.precision import check_precision_backend
 from rapidgpt.optim import build_lr_scheduler
@@ -77,7 +78,8 @@ class RapidGPTEngine:
         args = self.args
         self.device = select_device(args.device)
         problem = (check_precision_backend(args.precision, self.device)
-                   or check_kernel_fusion_backend(args.kernel_fusion, self.device))
+                   or check_kernel_fusion_backend(args.kernel_fusion, self.device)
+                   or check_compile_cache_environment())
         if problem:
             raise ArgumentError(problem)
         if not comm.initialized():          # the rapidgpt CLI sets it before joining msrun's job
@@ -105,6 +107,7 @@ class RapidGPTEngine:
         remember_tokenizer_files({key: getattr(args, key) for key in TOKENIZER_FILE_ARGS})
         set_global_variables(args, self.tokenizer, rank=rank)
         get_logger().info(f" > graph kernel fusion: {enable_kernel_fusion(args.kernel_fusion, self.device)}")
+        get_logger().info(f" > compile cache: {describe_compile_cache(args)}")
         if records_line(rank):
             get_logger().info(records_line(rank))
         if args.onnx_runtime_training:

@@ -21,6 +21,7 @@ native stderr (file descriptor 2, where MindSpore's C++ code writes) to
 `<dir>/rank_<N>/stderr.log` and keeps Python's `sys.stderr` (RapidGPT's lines, tqdm, tracebacks,
 which msrun writes to worker_N.log and rank 0 echoes) on the original stream.
 """
+import contextlib
 import io
 import os
 import sys
@@ -70,16 +71,51 @@ def divert_native_stderr(rank):
     `sys.stderr` kept on the stream msrun gave the rank (module docstring). Nothing when MindSpore's
     records are meant for the terminal (GLOG_logtostderr not 0, a user's choice)."""
     global _DIVERTED
-    directory = os.environ.get("GLOG_log_dir")
-    if _DIVERTED or os.environ.get("GLOG_logtostderr", "1") != "0" or not directory:
+    path = _native_stderr_file(rank)
+    if _DIVERTED or path is None:
         return        # a process may run several command lines (the tests' batched runs): once
     _DIVERTED = True
+    python_stream = _point_native_stderr_at(path)
+    sys.stderr = io.TextIOWrapper(io.FileIO(python_stream, "w"), encoding=sys.stderr.encoding,
+                                  errors="backslashreplace", line_buffering=True, write_through=True)
+
+
+def _native_stderr_file(rank):
+    """`<GLOG_log_dir>/rank_<rank>/stderr.log` (its folder created), or None when MindSpore's records
+    are meant for the terminal (GLOG_logtostderr not 0, a user's choice)."""
+    directory = os.environ.get("GLOG_log_dir")
+    if os.environ.get("GLOG_logtostderr", "1") != "0" or not directory:
+        return None
     path = os.path.join(directory, f"rank_{rank}", "stderr.log")
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
+
+
+def _point_native_stderr_at(path):
+    """File descriptor 2 appended to `path`; returns a duplicate of the previous descriptor 2."""
     sys.stderr.flush()
-    python_stream = os.dup(2)
+    previous = os.dup(2)
     native = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(native, 2)
     os.close(native)
-    sys.stderr = io.TextIOWrapper(io.FileIO(python_stream, "w"), encoding=sys.stderr.encoding,
-                                  errors="backslashreplace", line_buffering=True, write_through=True)
+    return previous
+
+
+@contextlib.contextmanager
+def native_stderr_in_records(rank):
+    """File descriptor 2 into the rank's stderr.log for a `with` block (a no-op where
+    `divert_native_stderr` did it already, or records go to the terminal). For MindSpore work that
+    writes records to stderr whatever GLOG_stderrthreshold says: its graph cache writes WARNING
+    records on saving and loading a graph and, loading some graphs, ERROR records of a graph it
+    then runs correctly (measured with MindSpore 2.10)."""
+    path = None if _DIVERTED else _native_stderr_file(rank)
+    if path is None:
+        yield
+        return
+    previous = _point_native_stderr_at(path)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(previous, 2)
+        os.close(previous)

@@ -60,21 +60,6 @@ def test_on_without_g_plus_plus_is_refused_in_one_line(no_compiler):
         RapidGPTEngine(argv=TINY + ["--graph-kernel-fusion", "on"])
 
 
-@pytest.mark.parametrize("value", ["1", "0"])
-def test_mindspores_graph_compile_cache_is_refused_in_one_line(monkeypatch, value):
-    """MS_COMPILER_CACHE_ENABLE=1 would let MindSpore run a cached graph of another model (it keys
-    graphs by compile order and entry script): refused before anything compiles; 0 is MindSpore's
-    off and passes."""
-    monkeypatch.setenv("MS_COMPILER_CACHE_ENABLE", value)
-    if value == "0":
-        assert check_kernel_fusion_backend(KernelFusionConfig("auto"), "cpu") is None
-        return
-    with pytest.raises(ArgumentError, match=r"^MS_COMPILER_CACHE_ENABLE=1: MindSpore's graph compile cache is not "
-                                            r"used with RapidGPT: .* would silently run the old graph; unset "
-                                            r"MS_COMPILER_CACHE_ENABLE \(compiled kernels are cached anyway"):
-        RapidGPTEngine(argv=TINY)
-
-
 def test_auto_falls_back_to_off_and_says_why(no_compiler):
     assert check_kernel_fusion_backend(KernelFusionConfig("auto"), "cpu") is None
     assert enable_kernel_fusion(KernelFusionConfig("auto"), "cpu") == "off (needs g++ on PATH (e.g. apt-get install g++))"

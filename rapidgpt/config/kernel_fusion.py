@@ -163,32 +163,15 @@ def use_kernel_cache():
     return path
 
 
-# MindSpore's graph compile cache (MS_COMPILER_CACHE_ENABLE=1) shares MS_COMPILER_CACHE_PATH with
-# the kernels, but is not safe to use (measured with MindSpore 2.10 on CPU, 2026-11-26): it files
-# a graph under its place in the process's compile order and the entry script's dependency files
-# (installed packages, RapidGPT among them, excluded), not under the model, so a 3-layer run
-# silently ran the cached 2-layer graph and printed wrong losses; and the step graph, which returns
-# the loss function's statistics by name, does not export at all ("Cannot export a PyExecute
-# CNode in MindIR"). Refused up front rather than risking a wrong model.
-GRAPH_CACHE_VARIABLE = "MS_COMPILER_CACHE_ENABLE"
-GRAPH_CACHE_REFUSED = (
-    f"{GRAPH_CACHE_VARIABLE}=1: MindSpore's graph compile cache is not used with RapidGPT: it finds a "
-    f"cached graph by its compile order and the entry script, not by the model, so a changed model "
-    f"(another --num-layers, say) would silently run the old graph; unset {GRAPH_CACHE_VARIABLE} "
-    f"(compiled kernels are cached anyway, in MS_COMPILER_CACHE_PATH)")
-
-
 def check_kernel_fusion_backend(config, device):
-    """One line instead of a failure at the first compile (or a wrong graph): `on` where a
-    requirement is missing, or for a 16-bit model on the CPU; MindSpore's graph compile cache."""
+    """One line instead of a failure at the first compile: `on` where a requirement is missing, or
+    for a 16-bit model on the CPU."""
     missing = missing_requirements(device)
     if config.mode == "on" and missing:
         return (f"--graph-kernel-fusion on: it needs {' and '.join(missing)}; install them, or use "
                 f"--graph-kernel-fusion auto (on where they are present) or off")
     if config.mode == "on" and config.half and device == "cpu":
         return f"--graph-kernel-fusion on: not for a 16-bit model on the CPU: {HALF_ON_CPU}; use auto or off"
-    if os.environ.get(GRAPH_CACHE_VARIABLE) == "1":       # the value MindSpore 2.10 acts on
-        return GRAPH_CACHE_REFUSED
     return None
 
 

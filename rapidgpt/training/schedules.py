@@ -8,7 +8,8 @@ The micro-batches of a step arrive stacked, a dict (or tuple) of tensors `[num_m
 BERT's "lm loss" and "sop loss", are averaged as the loss is and logged instead of it).
 """
 import mindspore as ms
-from mindspore import ParameterTuple, nn, ops
+import numpy as np
+from mindspore import ParameterTuple, Tensor, nn, ops
 
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.data_parallel import REDUCED_IN_BACKWARD, GradientShardReducer, GradientSummer
@@ -47,6 +48,22 @@ def unstacked_losses(stacked, names):
         named[name] = stacked[i]
         i += 1
     return stacked[0], named
+
+
+@ops.constexpr
+def encode_names(names):
+    """The statistics' names (a tuple of str, a graph constant) as a constant uint8 tensor, for the
+    step graph to return (`decode_names` reads it). Why not the names themselves: MindSpore 2.10's
+    graph cache cannot keep a graph that returns them (a dict built in the graph is a
+    Python-fallback node, which does not export; returned strings export but do not load back).
+    The leading '#' keeps the tensor non-empty when there are no statistics."""
+    return Tensor(np.frombuffer(("#" + "\n".join(names)).encode("utf-8"), np.uint8))
+
+
+def decode_names(code):
+    """`encode_names`' inverse, on the host: the list of names."""
+    text = code.asnumpy().tobytes().decode("utf-8")[1:]
+    return text.split("\n") if text else []
 
 
 def select_micro_batch(stacked, i):
@@ -139,8 +156,9 @@ class ForwardBackwardNoPipelining(nn.Cell):
     data-parallel ranks (into `gradient_layout`'s pieces, when given), the loss and the loss
     function's statistics averaged, for the log.
 
-    `schedule(stacked, iteration, loss_scale) -> (mean loss, {name: mean statistic}, grads)`, grads
-    in `params` order.
+    `schedule(stacked, iteration, loss_scale) -> (losses, names, grads)`: losses `[1 + k]`, the mean
+    loss then the k statistics' means; their names as `encode_names` codes them; grads in `params`
+    order.
     """
 
     def __init__(self, forward, params, num_micro_batches, accumulate_in_fp32=True, gradient_layout=None):
@@ -189,5 +207,4 @@ class ForwardBackwardNoPipelining(nn.Cell):
             stats = add_stats(stats, micro_stats)
             grads = accumulate(grads, micro_grads, self.cast_to_fp32)
         values, grads = self.finalize(stacked_losses(total, stats) / n, grads)
-        loss, stats = unstacked_losses(values, names)
-        return loss, stats, grads
+        return values, encode_names(names), grads

@@ -1,6 +1,6 @@
 """One optimizer step as ONE compiled MindSpore graph: the schedule, then the optimizer wrapper.
 
-    loss, stats, grads = schedule(micro-batches, iteration, loss scale)   rapidgpt/training/schedules.py
+    losses, names, grads = schedule(micro-batches, iteration, loss scale)  rapidgpt/training/schedules.py
     updated, grad norm, loss scale = optimizer(grads, lr)          rapidgpt/optim/mixed_precision.py
 
 Everything runs inside a single `mindspore.jit` graph. Measured on CPU
@@ -18,7 +18,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from rapidgpt.training.hook_contract import diagnose_first_step
-from rapidgpt.training.schedules import ForwardBackwardNoPipelining, loss_and_stats, select_micro_batch
+from rapidgpt.training.schedules import ForwardBackwardNoPipelining, decode_names, loss_and_stats, select_micro_batch
 
 
 class StepResult(NamedTuple):
@@ -43,9 +43,9 @@ class _StepCell(nn.Cell):
 
     def construct(self, stacked, lr, iteration):
         loss_scale = self.optimizer.loss_scale() if self.optimizer.grad_scaler is not None else None
-        loss, stats, grads = self.schedule(stacked, iteration, loss_scale)
+        losses, names, grads = self.schedule(stacked, iteration, loss_scale)
         updated, norm, scale = self.optimizer(grads, lr)
-        return loss, norm, updated, scale, stats
+        return losses, names, norm, updated, scale
 
 
 class TrainStep:
@@ -55,24 +55,36 @@ class TrainStep:
     `optimizer`: a rapidgpt.optim.OptimizerWrapper (its `parameters` are differentiated);
     `accumulate_in_fp32`: sum micro-batch gradients in fp32 (see the schedule).
     `gradient_bytes`: the bytes of the gradients the schedule hands the optimizer on this rank.
+    `compile_cache`: a rapidgpt.config.compile_cache.StepGraphCache for the first call, or None.
     """
 
-    def __init__(self, forward, optimizer, num_micro_batches, accumulate_in_fp32=True, jit=True):
+    def __init__(self, forward, optimizer, num_micro_batches, accumulate_in_fp32=True, jit=True,
+                 compile_cache=None):
         schedule = ForwardBackwardNoPipelining(forward, optimizer.parameters, num_micro_batches, accumulate_in_fp32,
                                                optimizer.gradient_layout)
         self.gradient_bytes = schedule.finalize.gradient_bytes
         cell = _StepCell(schedule, optimizer)
         self._step = ms.jit(cell.construct) if jit else cell
         self._forward, self._ran = forward, False
+        self._compile_cache = compile_cache if jit else None
 
     def __call__(self, stacked, lr, iteration):
-        # mutable: a dict/tuple of tensors is otherwise a compile-time constant, and the step
-        # would be compiled again for every batch.
+        def run():
+            # mutable: a dict/tuple of tensors is otherwise a compile-time constant, and the step
+            # would be compiled again for every batch.
+            return self._step(ms.mutable(stacked), Tensor(lr, ms.float32), Tensor(iteration, ms.uint32))
+
         try:
-            loss, norm, updated, scale, stats = self._step(ms.mutable(stacked), Tensor(lr, ms.float32),
-                                                           Tensor(iteration, ms.uint32))
-            result = StepResult(float(loss), float(norm), bool(updated), float(scale),  # a non-scalar "loss" fails here
-                                floats(stats))
+            if self._compile_cache is not None and not self._ran:
+                outputs = self._compile_cache.first_call(run, stacked)
+            else:
+                outputs = run()
+            losses, names, norm, updated, scale = outputs
+            losses = losses.asnumpy()
+            if losses.ndim != 1:                # a non-scalar "loss" from the hook
+                raise TypeError(f"the step's losses have shape {losses.shape}, not [1 + statistics]")
+            result = StepResult(float(losses[0]), float(norm), bool(updated), float(scale),
+                                dict(zip(decode_names(names), map(float, losses[1:]))))
         except Exception as error:
             if self._ran:
                 raise

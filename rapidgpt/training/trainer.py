@@ -13,6 +13,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
+from rapidgpt.config.compile_cache import StepGraphCache
 from rapidgpt.global_vars import get_args, get_logger, get_timers
 from rapidgpt.models.gpt import GPTModel
 from rapidgpt.optim import build_lr_scheduler
@@ -201,7 +202,9 @@ class Trainer:
         if args.pipeline_model_parallel_size > 1:
             step = PipelineTrainStep(forward, model, optimizer, n, self.activation_shape(), in_fp32, jit=args.jit)
         else:
-            step = TrainStep(forward, optimizer, n, in_fp32, jit=args.jit)
+            cache = (StepGraphCache(args, optimizer.parameters, get_parallel_state().rank)
+                     if args.compile_cache_config.enabled else None)
+            step = TrainStep(forward, optimizer, n, in_fp32, jit=args.jit, compile_cache=cache)
         self.logger.info(f" > gradients handed to the optimizer on this rank: {step.gradient_bytes} bytes")
         reporter = Reporter(args, train_iters, start_iteration, self.throughput_unit)
         model.set_train(True)

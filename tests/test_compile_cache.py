@@ -6,11 +6,15 @@ The key: stable under the flags only the host reads (a resume with another --tra
 fresh processes sharing one cache: the first run compiles and saves its step; a resume of it
 loads the step and prints exactly the uninterrupted run's losses, grad norms and validation
 losses, with no MindSpore record on the terminal; a 3-layer run beside the 2-layer one compiles
-its own step. A user's MS_COMPILER_CACHE_ENABLE=1 (MindSpore's unkeyed cache) is refused in one line.
+its own step; a damaged cached graph is compiled again. A second start at TP=2 (msrun's ranks)
+loads each rank's step. A user's MS_COMPILER_CACHE_ENABLE=1 (MindSpore's unkeyed cache) is
+refused in one line.
 """
+import re
 import sys
 import types
 from argparse import Namespace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,9 +103,21 @@ def test_a_second_start_loads_the_step_and_trains_exactly_as_the_first(env, tmp_
     noise = [line for line in second.splitlines() if line.startswith(("[WARNING]", "[ERROR]"))]
     assert noise == [], noise
 
-    status, other = single(TINY + ["--train-iters", "2", "--num-layers", "3", "--eval-iters", "0"], env)
+    three_layers = TINY + ["--train-iters", "2", "--num-layers", "3", "--eval-iters", "0"]
+    status, other = single(three_layers, env)
     assert status == 0, other[-3000:]
-    assert " > compile cache: training step compiled and saved to " in other, other[-3000:]
+    saved = re.search(r" > compile cache: training step compiled and saved to (\S+)$", other, re.M)
+    assert saved, other[-3000:]
+
+    # A damaged cached graph (a disk full while saving, say) is compiled anew, and said so.
+    graph, = Path(saved.group(1)).glob("rank_0/graph_cache/*compile_cache_0.mindir")
+    graph.chmod(0o600)
+    graph.write_bytes(graph.read_bytes()[:1000])
+    status, again = single(three_layers, env)
+    assert status == 0, again[-3000:]
+    assert (f" > compile cache: training step compiled and saved to {saved.group(1)} (the cached one did not "
+            f"load)") in again, again[-3000:]
+    assert values(again) == values(other), again[-2000:]
 
 
 

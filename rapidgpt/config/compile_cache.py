@@ -32,7 +32,8 @@ links to the kernel cache's `akg_kernel_meta` and its lock file, so kernels stay
 graph is fused in other groups than a freshly compiled one, so the first load of a graph on a
 machine builds some kernels of its own (the bench model: ~9 s instead of 1.3 s, once).
 
-A cached graph that fails to load is deleted and the step compiled. The 64 most recently used
+A cached graph that fails to load is compiled anew: a damaged file MindSpore replaces by itself;
+one that loads but fails (a graph the key should have told apart) is deleted first. The 64 most recently used
 graphs per MindSpore version are kept (`$RAPIDGPT_CACHE_DIR/compiled_steps/mindspore-<version>/`).
 """
 import glob
@@ -175,13 +176,17 @@ class StepGraphCache:
         self.root = os.path.join(cache_root(), "compiled_steps", f"mindspore-{ms.__version__}")
         self.logger = logging.getLogger("rapidgpt")
 
-    def has_graph(self, directory):
-        """Whether `directory` holds this rank's step whole: its graph and the dependency hash
-        MindSpore writes after it (a rank msrun started prefixes both names with its role,
-        MS_WORKER). A start killed while saving leaves no hash, and MindSpore then compiles."""
+    def saved_graph(self, directory):
+        """(size, modification time) of this rank's step in `directory`, or None unless the step is
+        there whole: its graph and the dependency hash MindSpore writes after it (a start killed
+        while saving leaves no hash, and MindSpore then compiles). A rank msrun started prefixes
+        both names with its role, MS_WORKER."""
         files = os.path.join(glob.escape(directory), f"rank_{self.rank}", "graph_cache")
-        return all(glob.glob(os.path.join(files, pattern))
-                   for pattern in ("*compile_cache_0.mindir", "*compile_dependency.hash"))
+        graphs = glob.glob(os.path.join(files, "*compile_cache_0.mindir"))
+        if not graphs or not glob.glob(os.path.join(files, "*compile_dependency.hash")):
+            return None
+        stat = os.stat(graphs[0])
+        return stat.st_size, stat.st_mtime_ns
 
     def first_call(self, call, inputs):
         global _USED_IN_THIS_PROCESS
@@ -189,22 +194,27 @@ class StepGraphCache:
             return call()
         _USED_IN_THIS_PROCESS = True
         directory = os.path.join(self.root, graph_key(self.args, self.parameters, inputs))
-        cached = self.has_graph(directory)
+        cached = self.saved_graph(directory)
         try:
             with self._switched_on(directory), native_stderr_in_records(self.rank):
                 result = call()
         except Exception as error:  # noqa: BLE001 -- a cached graph that does not load is compiled
-            if not cached:
+            if cached is None:
                 raise
-            self.logger.warning(f" > compile cache: the cached training step in {directory} did not load "
-                                f"({type(error).__name__}); deleted it, compiling")
-            shutil.rmtree(directory, ignore_errors=True)
+            mine = os.path.join(directory, f"rank_{self.rank}")      # the other ranks' graphs are theirs
+            self.logger.warning(f" > compile cache: the cached training step in {mine} did not load "
+                                f"({type(error).__name__}: {error}); deleted it, compiling")
+            shutil.rmtree(mine, ignore_errors=True)
             return call()
         os.utime(directory)
-        if cached:
+        saved = self.saved_graph(directory)
+        if cached and saved == cached:
             self.logger.info(f" > compile cache: training step loaded from {directory}")
-        elif self.has_graph(directory):
-            self.logger.info(f" > compile cache: training step compiled and saved to {directory}")
+        elif saved:
+            # MindSpore compiles by itself when a cached graph does not load (a damaged file), and
+            # saves the new graph over it.
+            again = " (the cached one did not load)" if cached else ""
+            self.logger.info(f" > compile cache: training step compiled and saved to {directory}{again}")
             self._prune()
         return result
 
@@ -218,8 +228,10 @@ class StepGraphCache:
                     os.makedirs(target, exist_ok=True)
                 elif not os.path.exists(target):
                     open(target, "a").close()
-                if not os.path.lexists(link):
+                try:
                     os.symlink(target, link)
+                except FileExistsError:     # linked before, or by another rank of the job just now
+                    pass
         return _Environment({ENABLE_VARIABLE: "1", PATH_VARIABLE: directory})
 
     def _prune(self):

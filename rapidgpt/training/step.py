@@ -12,11 +12,14 @@ eager forward with a compiled model is slower still. The tensor-dependent `if` a
 `forward(micro_batch)` must be traceable by `mindspore.jit` (see Pretrainer/Finetuner docs). With
 `jit=False` the very same function runs eagerly (PyNative) for debugging.
 """
+import logging
+import time
 from typing import NamedTuple
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from rapidgpt.mindspore_private import compile_without_running
 from rapidgpt.training.hook_contract import diagnose_first_step
 from rapidgpt.training.schedules import ForwardBackwardNoPipelining, decode_names, loss_and_stats, select_micro_batch
 
@@ -56,10 +59,14 @@ class TrainStep:
     `accumulate_in_fp32`: sum micro-batch gradients in fp32 (see the schedule).
     `gradient_bytes`: the bytes of the gradients the schedule hands the optimizer on this rank.
     `compile_cache`: a rapidgpt.config.compile_cache.StepGraphCache for the first call, or None.
+    `barrier`: with several ranks, the world's barrier (rapidgpt.parallel.comm.barrier): the first
+    call compiles the step, waits there until every rank has compiled its own, then runs it, so
+    no rank reaches the step's collectives while another still compiles (those wait at most
+    --distributed-timeout-minutes; the barrier's wait is logged).
     """
 
     def __init__(self, forward, optimizer, num_micro_batches, accumulate_in_fp32=True, jit=True,
-                 compile_cache=None):
+                 compile_cache=None, barrier=None):
         schedule = ForwardBackwardNoPipelining(forward, optimizer.parameters, num_micro_batches, accumulate_in_fp32,
                                                optimizer.gradient_layout)
         self.gradient_bytes = schedule.finalize.gradient_bytes
@@ -67,12 +74,20 @@ class TrainStep:
         self._step = ms.jit(cell.construct) if jit else cell
         self._forward, self._ran = forward, False
         self._compile_cache = compile_cache if jit else None
+        self._barrier = barrier if jit else None
 
     def __call__(self, stacked, lr, iteration):
         def run():
             # mutable: a dict/tuple of tensors is otherwise a compile-time constant, and the step
             # would be compiled again for every batch.
-            return self._step(ms.mutable(stacked), Tensor(lr, ms.float32), Tensor(iteration, ms.uint32))
+            inputs = (ms.mutable(stacked), Tensor(lr, ms.float32), Tensor(iteration, ms.uint32))
+            if self._barrier is not None and not self._ran and compile_without_running(self._step, *inputs):
+                start = time.perf_counter()
+                self._barrier()
+                logging.getLogger("rapidgpt").info(
+                    f" > training step compiled on every rank (this rank waited {time.perf_counter() - start:.1f} s "
+                    f"for the others)")
+            return self._step(*inputs)
 
         try:
             if self._compile_cache is not None and not self._ran:

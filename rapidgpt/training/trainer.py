@@ -18,7 +18,7 @@ from rapidgpt.global_vars import get_args, get_logger, get_timers
 from rapidgpt.models.gpt import GPTModel
 from rapidgpt.optim import build_lr_scheduler
 from rapidgpt.optim.mixed_precision import wrap_optimizer
-from rapidgpt.parallel.comm import AllGather, sum_over_ranks
+from rapidgpt.parallel.comm import AllGather, barrier, sum_over_ranks
 from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import (get_data_parallel_group, get_parallel_state, is_pipeline_first_stage,
@@ -204,7 +204,8 @@ class Trainer:
         else:
             cache = (StepGraphCache(args, optimizer.parameters, get_parallel_state().rank)
                      if args.compile_cache_config.enabled else None)
-            step = TrainStep(forward, optimizer, n, in_fp32, jit=args.jit, compile_cache=cache)
+            step = TrainStep(forward, optimizer, n, in_fp32, jit=args.jit, compile_cache=cache,
+                             barrier=barrier if args.world_size > 1 else None)
         self.logger.info(f" > gradients handed to the optimizer on this rank: {step.gradient_bytes} bytes")
         reporter = Reporter(args, train_iters, start_iteration, self.throughput_unit)
         model.set_train(True)

@@ -5,6 +5,7 @@ to public behaviour; upgrading MindSpore means re-checking the functions here.
 (Older uses of private APIs, in rapidgpt/engine.py, rapidgpt/parallel/comm.py and
 rapidgpt/training/pipeline_schedules.py, move here with the layer-base rework.)
 """
+import inspect
 import logging
 
 import mindspore as ms
@@ -27,8 +28,9 @@ def written_for_this_version(feature):
 
 
 def compile_without_running(jitted, *args):
-    """Compile the graph of `jitted` (`mindspore.jit(cell.method)`) for `args` without running it;
-    the next `jitted(*args)` with inputs of the same types and shapes runs it without compiling.
+    """Compile the graph of `jitted` (`mindspore.jit(fn)` of a function or of a cell's method) for
+    `args` without running it; the next `jitted(*args)` with inputs of the same types and shapes
+    runs it without compiling.
     Returns False when it could not (another MindSpore version): the call then compiles.
 
     Why private: MindSpore 2.10 has no public compile-only call for a jitted function
@@ -42,9 +44,9 @@ def compile_without_running(jitted, *args):
 
     from mindspore.graph.api import _JitExecutor
     # The executor the call would build: mindspore.jit's wrapper keeps its settings in its closure.
-    wrapper = jitted.__func__
+    wrapper, owner = (jitted.__func__, jitted.__self__) if inspect.ismethod(jitted) else (jitted, None)
     kept = dict(zip(wrapper.__code__.co_freevars, (cell.cell_contents for cell in wrapper.__closure__)))
-    executor = _JitExecutor(kept["func"], kept["hash_obj"], None, jitted.__self__, kept["jit_config"],
+    executor = _JitExecutor(kept["func"], kept["hash_obj"], None, owner, kept["jit_config"],
                             kept["dynamic"], wrapper.__jit_graph_name__)
     executor.compile(kept["func"].__name__, *args)
     return True

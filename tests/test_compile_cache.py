@@ -124,8 +124,8 @@ def test_a_second_start_loads_the_step_and_trains_exactly_as_the_first(env, tmp_
 def test_a_second_start_of_a_two_rank_run_loads_each_ranks_step(env, tmp_path):
     """On ranks msrun started (MindSpore names their cached graphs by role, MS_WORKER...), at TP=2:
     the second start loads both ranks' steps and prints exactly what the first printed. Each rank
-    compiles (or loads) its step, then the ranks meet, then the step runs."""
-    run = TINY + ["--train-iters", "3", "--eval-iters", "0", "--nproc-per-node", "2",
+    compiles (or loads) its step, then the ranks meet, then the step runs; so the evaluation step."""
+    run = TINY + ["--train-iters", "3", "--eval-iters", "1", "--nproc-per-node", "2",
                   "--tensor-model-parallel-size", "2"]
     status, first = single(run + ["--log-dir", str(tmp_path / "first")], env)
     assert status == 0, first[-3000:]
@@ -133,10 +133,11 @@ def test_a_second_start_of_a_two_rank_run_loads_each_ranks_step(env, tmp_path):
     status, second = single(run + ["--log-dir", str(tmp_path / "second")], env)
     assert status == 0, second[-3000:]
     assert " > compile cache: training step loaded from " in second, second[-3000:]
-    for log in (first, second):     # compiled, then the ranks met, then the step ran
+    for log in (first, second):     # compiled, then the ranks met, then the step ran; so the evaluation
         assert re.search(r" > training step compiled on every rank \(this rank waited [\d.]+ s for the others\)\n"
-                         r"(?:.*\n)* iteration +1/", log), log[-3000:]
-    assert len(values(first)) == 2 * 3 and values(second) == values(first), second[-2000:]
+                         r"(?:.*\n)* iteration +1/(?:.*\n)* > evaluation step compiled on every rank \(this rank "
+                         r"waited [\d.]+ s for the others\)\n(?:.*\n)* validation loss", log), log[-3000:]
+    assert len(values(first)) == 2 * 3 + 1 and values(second) == values(first), second[-2000:]
     for rank in (0, 1):     # every rank loaded its own graph (the ranks' RapidGPT logs)
         log = (tmp_path / "second" / f"rank_{rank}.log").read_text()
         assert " > compile cache: training step loaded from " in log, log[-2000:]

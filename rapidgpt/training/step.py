@@ -24,6 +24,18 @@ from rapidgpt.training.hook_contract import diagnose_first_step
 from rapidgpt.training.schedules import ForwardBackwardNoPipelining, decode_names, loss_and_stats, select_micro_batch
 
 
+def compile_then_meet(jitted, inputs, barrier, what):
+    """Before a graph's first run on several ranks (`barrier` not None): compile `jitted` for
+    `inputs`, then wait at `barrier` until every rank has compiled its own, so that no rank reaches
+    the graph's collectives while another still compiles; the wait is logged."""
+    if barrier is None or not compile_without_running(jitted, *inputs):
+        return
+    start = time.perf_counter()
+    barrier()
+    logging.getLogger("rapidgpt").info(f" > {what} compiled on every rank (this rank waited "
+                                       f"{time.perf_counter() - start:.1f} s for the others)")
+
+
 class StepResult(NamedTuple):
     loss: float          # mean over the step's micro-batches and data-parallel ranks
     grad_norm: float     # before clipping (non-finite when the step overflowed)
@@ -81,12 +93,8 @@ class TrainStep:
             # mutable: a dict/tuple of tensors is otherwise a compile-time constant, and the step
             # would be compiled again for every batch.
             inputs = (ms.mutable(stacked), Tensor(lr, ms.float32), Tensor(iteration, ms.uint32))
-            if self._barrier is not None and not self._ran and compile_without_running(self._step, *inputs):
-                start = time.perf_counter()
-                self._barrier()
-                logging.getLogger("rapidgpt").info(
-                    f" > training step compiled on every rank (this rank waited {time.perf_counter() - start:.1f} s "
-                    f"for the others)")
+            if not self._ran:
+                compile_then_meet(self._step, inputs, self._barrier, "training step")
             return self._step(*inputs)
 
         try:
@@ -110,19 +118,23 @@ class TrainStep:
 
 class EvalStep:
     """Callable `step(micro_batch) -> (loss, {name: statistic})` (forward only, compiled unless
-    jit=False)."""
+    jit=False). `barrier`: as TrainStep's, for the first evaluation."""
 
-    def __init__(self, forward, jit=True):
+    def __init__(self, forward, jit=True, barrier=None):
         def step(micro_batch):
             loss, stats = loss_and_stats(forward(micro_batch))
             return ops.stop_gradient(loss), {name: ops.stop_gradient(value) for name, value in stats.items()}
 
         self._step = ms.jit(step) if jit else step
         self._forward, self._ran = forward, False
+        self._barrier = barrier if jit else None
 
     def __call__(self, micro_batch):
         try:
-            loss, stats = self._step(ms.mutable(micro_batch))
+            batch = ms.mutable(micro_batch)
+            if not self._ran:
+                compile_then_meet(self._step, (batch,), self._barrier, "evaluation step")
+            loss, stats = self._step(batch)
             result = float(loss), floats(stats)
         except Exception as error:
             if self._ran:

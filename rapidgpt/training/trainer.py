@@ -264,7 +264,7 @@ class Trainer:
         if self.args.pipeline_model_parallel_size > 1:
             return PipelineEvalStep(forward, model, self.activation_shape(),
                                     getattr(ms, self.args.precision.params_dtype))
-        return EvalStep(forward, jit=self.args.jit)
+        return EvalStep(forward, jit=self.args.jit, barrier=barrier if self.args.world_size > 1 else None)
 
     def activation_shape(self):
         """What pipeline stages send each other: `[micro batch, seq length, hidden size]`."""

@@ -136,6 +136,15 @@ def test_rank_0_prints_its_parameters_and_the_memory_estimate(pipeline_runs):
                      rf"parameters {total_parameters(shape):,} ", log), log[:3000]
 
 
+def test_stages_compile_their_optimizer_step_before_the_ranks_meet(pipeline_runs):
+    """Its norm and overflow check are collectives over the stages: every rank compiles it first
+    (the stages' layers compile at the warm-up, before their first exchange)."""
+    log = pipeline_runs(4, *PP2_TP2)[2]
+    assert re.search(r" > optimizer step compiled on every rank \(this rank waited [\d.]+ s for the others\)\n"
+                     r"(?:.*\n)* iteration +1/", log), log[-3000:]
+    assert " > compile cache: off for pipeline-parallel steps" in log, log[:3000]
+
+
 def test_one_micro_batch_fewer_than_stages(pipeline_runs):
     assert_same_run(pipeline_runs(2, *PP2, *ONE_MICRO_BATCH)[0], pipeline_runs(1, *ONE_MICRO_BATCH)[0])
 

@@ -57,7 +57,7 @@ from rapidgpt.parallel.state import (get_data_parallel_rank, get_data_parallel_w
 from rapidgpt.training.schedules import (DataParallelFinalize, accumulate, add_stats, casts_to_fp32, loss_and_stats,
                                          loss_multiplier, micro_batch_dropout_key, select_micro_batch, stacked_losses,
                                          unstacked_losses)
-from rapidgpt.training.step import StepResult, floats
+from rapidgpt.training.step import StepResult, compile_then_meet, floats
 
 
 # --timing-log-level 2: Megatron's compute timers, and the time in point-to-point exchanges
@@ -293,12 +293,17 @@ class PipelineTrainStep:
         self.gradient_bytes = self.schedule.finalize_dp.gradient_bytes
         self.optimizer = optimizer
         self._update = ms.jit(optimizer.construct) if jit else optimizer
+        self._jit, self._updated_once = jit, False
 
     def __call__(self, stacked, lr, iteration):
         scale = float(self.optimizer.loss_scale())
         loss, stats, grads = self.schedule(stacked, Tensor(iteration, ms.uint32), scale)
         # mutable: a tuple argument is otherwise compiled as a constant, once per step.
-        updated, norm, scale = self._update(ms.mutable(grads), Tensor(lr, ms.float32))
+        inputs = (ms.mutable(grads), Tensor(lr, ms.float32))
+        if not self._updated_once:          # its norm and overflow check are collectives
+            compile_then_meet(self._update, inputs, comm.barrier if self._jit else None, "optimizer step")
+            self._updated_once = True
+        updated, norm, scale = self._update(*inputs)
         return StepResult(float(loss), float(norm), bool(updated), float(scale), floats(stats))
 
 

@@ -56,6 +56,29 @@ def test_shard_plan_cuts_the_flat_parameters_into_equal_ranges():
     assert all(a[1] == b[0] for a, b in zip(owned, owned[1:]))      # every element owned exactly once
 
 
+def test_zero_3_gives_every_rank_even_pieces_of_every_parameter():
+    """EvenShardPlan: each parameter cut into N ranges of ceil(n / N) elements, so every rank holds
+    pieces of the same number and lengths (the same graph on every rank); `split` of all ranks'
+    pieces end to end gives back the parameters."""
+    import mindspore as ms
+    import numpy as np
+    from rapidgpt.parallel.fully_sharded import EvenShardPlan
+    shapes = [(3, 4), (5,), (2,)]                        # 12, 5 and 2 elements at N = 4: widths 3, 2, 1
+    plans = [EvenShardPlan(shapes, 4, rank) for rank in range(4)]
+    assert {plan.widths for plan in plans} == {(3, 2, 1)} and all(plan.padding == 0 for plan in plans)
+    assert plans[0].pieces == ((0, 0, 3), (1, 0, 2), (2, 0, 1))
+    assert plans[2].pieces == ((0, 6, 9), (1, 4, 5), (2, 2, 2))        # a piece of zeros only: (2, 2, 2)
+    assert plans[3].pieces == ((0, 9, 12), (1, 5, 5), (2, 2, 2))
+    whole = [np.arange(12.0).reshape(3, 4), np.arange(100.0, 105.0), np.array([7.0, 8.0])]
+    flat = []
+    for plan in plans:
+        for (i, lo, hi), width in zip(plan.pieces, plan.widths):
+            flat.extend(list(whole[i].reshape(-1)[lo:hi]) + [0.0] * (width - (hi - lo)))
+    split = plans[1].split(ms.Tensor(np.array(flat, np.float32)))
+    for found, expected in zip(split, whole):
+        np.testing.assert_array_equal(found.asnumpy(), expected)
+
+
 @pytest.mark.parametrize("nproc, tp, layout, stage", [(2, 1, (), 1), (4, 1, (), 1), (2, 1, (), 2), (4, 1, (), 2),
                                                      (4, 2, (), 2), (2, 1, (), 3), (4, 1, (), 3),
                                                      (4, 1, PP2 + FULL_RECOMPUTE, 3)],
@@ -164,8 +187,8 @@ def test_each_rank_holds_what_the_memory_estimate_says(runs, nproc, stage):
     """Rank 0's weights, the gradients its optimizer is handed and its fp32 main parameters + Adam
     moments, measured from the tensors it holds, against the estimate (the optimizer's unsharded
     scalars: step count, learning rate) and the ZeRO paper's terms (fp32: 4 + 4 + 12 bytes, at
-    stage 3 4 + 4 + 8: the fp32 pieces are the main parameters). Stage 3 shards each layer on its
-    own: rank 0 holds ceil(size / N) elements of each, at most one per layer more than ceil(Psi / N)."""
+    stage 3 4 + 4 + 8: the fp32 pieces are the main parameters). Stage 3 cuts each parameter on its
+    own: rank 0 holds ceil(size / N) elements of each, at most one per parameter more than ceil(Psi / N)."""
     _, save, log = runs(nproc, 1, *ZERO[stage])
     weights, state = map(int, HELD.search(log).groups())
     gradients = int(HANDED.search(log).group(1))
@@ -180,9 +203,10 @@ def test_each_rank_holds_what_the_memory_estimate_says(runs, nproc, stage):
     psi, shard = expected.parameters, math.ceil(expected.parameters / nproc)      # rank 0's shard: no padding
     scalars = 4 + 4                                      # adam_step (int32), learning_rate (fp32)
     if stage == 3:
-        units = [12 * h * h + 13 * h] * layers + [padded * h, s * h, 2 * h]     # layers, embeddings, final LN
-        held = sum(math.ceil(n / nproc) for n in units)
-        assert sum(units) == psi and 0 <= held - shard < len(units)
+        layer = [h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h]     # LN, QKV, proj, LN, MLP
+        params = layer * layers + [padded * h, s * h, h, h]                  # embeddings, final LayerNorm
+        held = sum(math.ceil(n / nproc) for n in params)
+        assert sum(params) == psi and 0 <= held - shard < len(params)
         assert (weights, gradients, state - scalars) == (4 * held, 4 * held, 8 * held)
         return
     assert weights == expected.weight_bytes_per_rank

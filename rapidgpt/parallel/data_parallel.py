@@ -15,13 +15,15 @@ ZeRO (rapidgpt/optim/distributed_optimizer.py) lays the parameters end to end as
 vector cut into one equal range per DP rank (ShardPlan). From stage 2 on the gradients are summed
 into that layout instead: `GradientShardReducer` reduce-scatters the flat gradient vector, so each
 rank ends the step holding only the sums of the elements it owns. At stage 3 the model's
-parameters are such pieces (rapidgpt/parallel/fully_sharded.py) and the backward of their gathers
-already sums their gradients over the ranks (`REDUCED_IN_BACKWARD`). Whatever the stage, a
+parameters are pieces too, cut parameter by parameter (rapidgpt/parallel/fully_sharded.py,
+EvenShardPlan), and the backward of their gathers already sums their gradients over the ranks
+(`REDUCED_IN_BACKWARD`). Whatever the stage, a
 checkpoint holds whole tensors: `ShardedState` is one as seen from a rank holding pieces of it.
 """
 import math
 
 import mindspore as ms
+import numpy as np
 from mindspore import Tensor, nn, ops
 
 from rapidgpt.parallel import comm
@@ -179,4 +181,7 @@ class ShardedState:
     def set_data(self, value):
         flat = value.astype(ms.float32).asnumpy().reshape(-1)
         for piece, lo, hi in self.kind.of_parameter.get(self.index, ()):
-            piece.set_data(Tensor(flat[lo:hi].copy()).astype(piece.dtype))
+            # A piece longer than its range (ZeRO-3's EvenShardPlan) ends in zeros.
+            padded = np.zeros(piece.shape, np.float32)
+            padded[:hi - lo] = flat[lo:hi]
+            piece.set_data(Tensor(padded).astype(piece.dtype))

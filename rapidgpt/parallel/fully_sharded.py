@@ -13,15 +13,21 @@ trainable parameter of any other cell cannot be sharded this way (a MindSpore gr
 Parameter at its full, fixed size and has no Parameter that is a view of another, so the cell must
 take its weights as tensors): the transform then stops with an error naming it.
 
-Layout per unit, Megatron's distributed-optimizer layout at a smaller grain (ShardPlan,
-rapidgpt/parallel/data_parallel.py): the unit's parameters laid end to end as one flat vector
-padded to N x S; data-parallel rank r stores elements [r S, (r+1) S), one 1-D piece Parameter per
-parameter it overlaps, named as that parameter and carrying its tensor/pipeline-parallel marks (so
-the gradient norm counts each element once, as without ZeRO). The whole values are dropped.
+Layout per unit (EvenShardPlan): each parameter flattened and cut into N equal ranges, the last
+padded with zeros; data-parallel rank r stores range r of every parameter of the unit, one 1-D piece
+Parameter each, named as that parameter and carrying its tensor/pipeline-parallel marks (so the
+gradient norm counts each element once, as without ZeRO). The whole values are dropped. Not
+Megatron's flat layout (ShardPlan, which ZeRO-1/2 use: the unit's parameters end to end, cut into N
+ranges), because there the ranks hold different numbers and lengths of pieces, so their step graphs
+differ, and MindSpore runs a group's collectives in the order of a topological sort of each rank's
+own graph: two independent branches of a model (BERT's masked-LM and sentence-order heads) then
+re-gathered their weights in the backward in different orders on different ranks, and the ring
+all-reduces of two gathers met ("Memcpy error, dest size is 68, src size is 8192", BERT at DP=4,
+MindSpore 2.10). With even pieces every data-parallel rank compiles the same graph.
 
-Forward: `ShardedWeights()` concatenates this rank's pieces (+ padding), all-gathers the [N x S]
-vector over the data-parallel group (rapidgpt.parallel.comm: native on HCCL/NCCL, exact on CPU) and
-splits it into the whole tensors. Backward: the all-gather's backward is a reduce-scatter, so each
+Forward: `ShardedWeights()` concatenates this rank's pieces, all-gathers the [N x S] vector over the
+data-parallel group (rapidgpt.parallel.comm: native on HCCL/NCCL, exact on CPU) and cuts each
+parameter's N ranges out of it. Backward: the all-gather's backward is a reduce-scatter, so each
 piece's gradient comes out summed over the data-parallel ranks; the schedule does not reduce them
 again (data_parallel.REDUCED_IN_BACKWARD). Released after use: the gather cell is marked for
 MindSpore's recompute with its output (`Cell.recompute(output_recompute=True)`), so the whole
@@ -43,13 +49,16 @@ the pieces' 16-bit gradient (MindSpore differentiates a parameter in its own dty
 micro-batches are accumulated in fp32. Without ZeRO-3 the data-parallel sum stays in fp32 until
 the optimizer; the fp32 gather also moves, and briefly holds, twice the bytes of a 16-bit one.
 """
+import math
+
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from rapidgpt.parallel import comm
-from rapidgpt.parallel.data_parallel import ShardedKind, ShardedState, ShardPlan, padded_cat
+from rapidgpt.parallel.data_parallel import ShardedKind, ShardedState, padded_cat
 from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size
+from rapidgpt.tensor_tuples import map_tensors
 
 # The marks a parameter carries for the gradient norm and the pipeline's tied embeddings.
 _MARKS = ("tensor_model_parallel", "pipeline_shared", "pipeline_shared_copy")
@@ -59,11 +68,43 @@ class FullyShardedModelError(ValueError):
     """The model holds a trainable parameter ZeRO-3 cannot shard; the message names it."""
 
 
+class EvenShardPlan:
+    """Which elements of a unit's parameters (of `shapes`) data-parallel rank `rank` of `size`
+    holds: each parameter flattened and cut into `size` ranges of `widths[i]` = ceil(n_i / size)
+    elements; rank r holds range r of every one (the module docstring says why). Interface of
+    data_parallel.ShardPlan: `pieces`, one (parameter index, first, end) per parameter over its real
+    elements (fewer than widths[i] in a piece that ends in zeros, none in one of zeros only),
+    `padding` (0: the zeros are inside the pieces), `split`."""
+
+    def __init__(self, shapes, size, rank):
+        self.shapes = tuple(tuple(shape) for shape in shapes)
+        self.size = size
+        counts = tuple(math.prod(shape) for shape in self.shapes)
+        self.counts = counts
+        self.widths = tuple(math.ceil(n / size) for n in counts)
+        self.columns = tuple(sum(self.widths[:i]) for i in range(len(self.widths)))
+        self.shard = sum(self.widths)                   # one rank's elements, zeros included
+        self.pieces = tuple((i, min(rank * w, n), min((rank + 1) * w, n))
+                            for i, (n, w) in enumerate(zip(counts, self.widths)))
+        self.padding = 0
+
+    def split(self, flat):
+        """Every rank's pieces end to end (`[size * shard]`, rank after rank) -> each parameter's
+        whole tensor, in order."""
+        rows = flat.reshape(self.size, self.shard)
+        return map_tensors(ops.partial(_ranges_of, rows), self.columns, self.widths, self.counts, self.shapes)
+
+
+def _ranges_of(rows, column, width, count, shape):
+    """The parameter of `shape` whose ranges are `rows[:, column:column + width]` (zeros after `count`)."""
+    return rows[:, column:column + width].reshape(-1)[:count].reshape(shape)
+
+
 class ShardedWeights(nn.Cell):
     """`()` -> the whole parameters of a unit (a tuple in `zero3_slots` order, in the model dtype),
     gathered from every data-parallel rank's pieces. See the module docstring.
 
-    `names`, `shapes`, `ndims`: the parameters'; `plan`: this rank's ShardPlan; `pieces`: this
+    `names`, `shapes`, `ndims`: the parameters'; `plan`: this rank's EvenShardPlan; `pieces`: this
     rank's piece Parameters, in plan order."""
 
     def __init__(self, params, gather_dtype=None):
@@ -77,18 +118,14 @@ class ShardedWeights(nn.Cell):
         self.names = tuple(p.name for p in params)
         self.shapes = tuple(tuple(p.shape) for p in params)
         self.ndims = tuple(len(shape) for shape in self.shapes)
-        self.plan = ShardPlan(self.shapes, get_data_parallel_world_size(), get_data_parallel_rank())
-        if (self.plan.size - 1) * self.plan.shard >= self.plan.total:      # decided alike on every rank
-            raise FullyShardedModelError(
-                f"--zero-3-memory-optimization: the layer of {self.names[0]} ({self.plan.total} elements) is too "
-                f"small to cut into {self.plan.size} equal ranges that each hold some of it; use fewer "
-                f"data-parallel ranks or --zero-2-memory-optimization")
+        self.plan = EvenShardPlan(self.shapes, get_data_parallel_world_size(), get_data_parallel_rank())
         pieces = []
         for i, lo, hi in self.plan.pieces:
             # Through fp32 host values (exact for 16-bit ones): a slice of a device tensor is a
             # view, which the compiled step's in-place updates refuse.
-            flat = params[i].value().astype(ms.float32).asnumpy().reshape(-1)
-            piece = Parameter(Tensor(np.ascontiguousarray(flat[lo:hi])).astype(self.dtype), name=params[i].name)
+            value = np.zeros(self.plan.widths[i], np.float32)
+            value[:hi - lo] = params[i].value().astype(ms.float32).asnumpy().reshape(-1)[lo:hi]
+            piece = Parameter(Tensor(value).astype(self.dtype), name=params[i].name)
             for mark in _MARKS:
                 if hasattr(params[i], mark):
                     setattr(piece, mark, getattr(params[i], mark))

@@ -409,8 +409,8 @@ def test_finetuning_resumes_mid_epoch_exactly(tmp_path, finetuned, pretrained, d
 
 
 def test_fp16_finetuning_with_recompute_and_zero_3_learns_as_fp32_does(pretrained, data):
-    """--task sequence_classification --fp16 --zero-3-memory-optimization (one process: each layer
-    one piece): the pretrained fp32 weights go into the fp32 main copies of the pieces, the
+    """--task sequence_classification --fp16 --zero-3-memory-optimization (one process: each
+    parameter one piece): the pretrained fp32 weights go into the fp32 main copies of the pieces, the
     classifier trains in fp16 (with recompute on) and reaches the fp32 run's accuracy."""
     losses, validations, out = classify(pretrained, data, "--epochs", "3", "--fp16", "--initial-loss-scale", "4096",
                                         "--checkpoint-activations", "--zero-3-memory-optimization")
@@ -421,8 +421,8 @@ def test_fp16_finetuning_with_recompute_and_zero_3_learns_as_fp32_does(pretraine
 
 
 def test_zero_3_finetuning_loads_the_pretrained_gpt_and_trains_as_without(finetuned, pretrained, data):
-    """--zero-3-memory-optimization in the Finetuner (one process: each layer one piece, gathered
-    by an identity): --pretrained-checkpoint loads into the pieces, and the run prints the unsharded
+    """--zero-3-memory-optimization in the Finetuner (one process: each parameter one piece,
+    gathered by an identity): --pretrained-checkpoint loads into the pieces, and the run prints the unsharded
     run's losses, grad norms and validations (the norm adds flat pieces in another order: 1e-5)."""
     losses, validations, out = classify(pretrained, data, "--epochs", "3", "--zero-3-memory-optimization")
     _, _, (reference, reference_validations, _) = finetuned
@@ -437,7 +437,7 @@ def test_zero_3_finetuning_loads_the_pretrained_gpt_and_trains_as_without(finetu
 
 @pytest.mark.parametrize("zero", [(), ("--zero-3-memory-optimization",)], ids=["", "zero3"])
 def test_a_finetuned_classifier_is_evaluated_without_training_data(tmp_path, finetuned, data, zero):
-    """Also with ZeRO-3, whose model (one process: one piece per layer) has no optimizer to load
+    """Also with ZeRO-3, whose model (one process: one piece per parameter) has no optimizer to load
     the checkpoint's whole tensors through."""
     save, best_iteration, (_, validations, _) = finetuned
     accuracy, f1 = validations[best_iteration]

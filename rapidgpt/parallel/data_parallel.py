@@ -151,9 +151,9 @@ def _range_of(flat, start, end):
 
 class ShardedKind:
     """One kind of sharded tensor (the main parameters, Adam's m, a ZeRO-3 layer's weights, ...) of
-    one layout (`layout`: its `plan`, a ShardPlan, and `gather_pieces(pieces)`, the whole fp32
-    tensors from every rank's pieces): this rank's piece Parameters in plan order, gathered into
-    whole per-parameter values at most once."""
+    one layout (`layout`: its `plan`, a ShardPlan or ZeRO-3's EvenShardPlan, and
+    `gather_pieces(pieces)`, the whole fp32 tensors from every rank's pieces): this rank's piece
+    Parameters in plan order, gathered into whole per-parameter values at most once."""
 
     def __init__(self, layout, pieces):
         self.layout, self.pieces, self._whole = layout, pieces, None

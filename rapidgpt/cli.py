@@ -98,7 +98,7 @@ def _run_or_launch(argv, args, run, before_launch=None):
     lines one after another (`main(argv)` again), and MindSpore sets a device only once."""
     if launched_by_msrun():
         divert_native_stderr(os.environ.get("RANK_ID", "0"))
-        from rapidgpt.engine import ensure_device, select_device
+        from rapidgpt.device import ensure_device, select_device
         from rapidgpt.parallel import comm
         device = select_device(args.device)
         ensure_device(device)

@@ -18,6 +18,7 @@ from rapidgpt.mindspore_logs import records_line
 from rapidgpt.config.compile_cache import check_compile_cache_environment, describe_compile_cache
 from rapidgpt.config.kernel_fusion import check_kernel_fusion_backend, enable_kernel_fusion
 from rapidgpt.config.precision import check_precision_backend
+from rapidgpt.device import ensure_device, select_device
 from rapidgpt.optim import build_lr_scheduler
 from rapidgpt.optim.mixed_precision import wrap_optimizer
 from rapidgpt.parallel import comm
@@ -29,46 +30,13 @@ from rapidgpt.training.checkpoint_files import TOKENIZER_FILE_ARGS, remember_tok
 from rapidgpt.training.compose import ComposedOptimizer
 from rapidgpt.training.model_transforms import prepare_model
 
-MINDSPORE_DEVICE = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 _THREADS_SET = False
-
-
-def device_available(device):
-    """Whether this MindSpore package can run on `device` here (asked without warnings)."""
-    if device == "cpu":
-        return True
-    from mindspore._c_expression import MSContext
-    return bool(MSContext.get_instance().is_pkg_support_device(MINDSPORE_DEVICE[device]))
-
-
-def select_device(requested):
-    """--device, or the best available: ascend, then gpu, then cpu."""
-    if requested:
-        if not device_available(requested):
-            raise ValueError(f"--device {requested}: this MindSpore installation has no "
-                             f"{MINDSPORE_DEVICE[requested]} support here; use --device cpu or "
-                             f"install MindSpore's {MINDSPORE_DEVICE[requested]} build")
-        return requested
-    return next(d for d in ("ascend", "gpu", "cpu") if device_available(d))
 
 
 def set_seeds(seed):
     random.seed(seed)
     np.random.seed(seed)
     ms.set_seed(seed)
-
-
-def ensure_device(device):
-    """Select `device` for MindSpore unless a device is already selected (by an earlier engine,
-    rapidgpt.load_pretrained or the user): once a kernel has run MindSpore refuses to set it again.
-    Kernels run before any selection ran on MindSpore's default, the CPU: then the CPU is kept."""
-    from mindspore._c_expression import DeviceManagerConf
-    if not DeviceManagerConf.get_instance().is_device_enable():
-        try:
-            ms.set_device(MINDSPORE_DEVICE[device])
-        except RuntimeError:
-            if device != "cpu":
-                raise
 
 
 class RapidGPTEngine:

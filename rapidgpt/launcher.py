@@ -36,7 +36,7 @@ import psutil
 from rapidgpt.arguments import parse_args
 from rapidgpt.mindspore_logs import records_environment
 from rapidgpt.msrun_env import STOP_SIGNAL_VARIABLE
-from rapidgpt.engine import select_device
+from rapidgpt.device import select_device
 
 POLL_SECONDS = 0.2
 STOP_GRACE_SECONDS = 3.0

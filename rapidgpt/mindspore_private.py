@@ -1,10 +1,10 @@
-"""MindSpore internals RapidGPT uses where no public API does the job, each checked against the
-MindSpore version it was written for (2.10). On another version the caller is told and falls back
-to public behaviour; upgrading MindSpore means re-checking the functions here.
-
-(Older uses of private APIs, in rapidgpt/engine.py, rapidgpt/parallel/comm.py and
-rapidgpt/training/pipeline_schedules.py, move here with the layer-base rework.)
+"""MindSpore internals RapidGPT uses where no public API does the job, all of them here, each
+checked against the MindSpore version it was written for (2.10). On another version the user is
+told once which feature relies on them and what to install; a feature that has a public fallback
+(compiling before the ranks meet) is then off, the others are tried as they are. Upgrading
+MindSpore means re-checking the functions of this module, and nothing outside it.
 """
+import contextlib
 import inspect
 import logging
 
@@ -50,3 +50,67 @@ def compile_without_running(jitted, *args):
                             kept["dynamic"], wrapper.__jit_graph_name__)
     executor.compile(kept["func"].__name__, *args)
     return True
+
+
+# ---- devices --------------------------------------------------------------------------------------
+
+def device_supported(device_name):
+    """Whether this MindSpore package can run on `device_name` ("GPU", "Ascend") here, asked
+    without the warnings `ms.set_device` would print for a missing device."""
+    written_for_this_version("detecting the accelerator")
+    from mindspore._c_expression import MSContext
+    return bool(MSContext.get_instance().is_pkg_support_device(device_name))
+
+
+def device_selected():
+    """Whether a device is already selected in this process (MindSpore refuses a second
+    `ms.set_device` once a kernel has run)."""
+    written_for_this_version("selecting the device")
+    from mindspore._c_expression import DeviceManagerConf
+    return bool(DeviceManagerConf.get_instance().is_device_enable())
+
+
+def synchronize():
+    """Wait until every device has finished its queued work. Why not ms.runtime.synchronize():
+    in MindSpore 2.10 its first call on the CPU logs "[ERROR] CPU device is not supported" and
+    returns without waiting (later calls do wait); the function behind it waits on every device,
+    without the false error."""
+    written_for_this_version("waiting for the device between pipeline micro-batches")
+    from mindspore._c_expression import synchronize as synchronize_all
+    synchronize_all()
+
+
+# ---- autograd by hand (pipeline stages: rapidgpt/training/pipeline_schedules.py says why) ----------
+
+@contextlib.contextmanager
+def autograd_recording():
+    """PyNative autograd recording on inside the block: each output keeps the graph its backward
+    needs, so `backward_of` can start it later, in any order."""
+    written_for_this_version("the pipeline schedule's autograd")
+    from mindspore.graph.api import _pynative_executor
+    previous = _pynative_executor.grad_flag()
+    _pynative_executor.set_grad_flag(True)
+    try:
+        yield
+    finally:
+        _pynative_executor.set_grad_flag(previous)
+
+
+def backward_of(output, output_grad, inputs):
+    """Gradients of `output` (recorded under `autograd_recording`), seeded with `output_grad`,
+    with respect to `inputs` (tensors or Parameters): a tuple with None for an input the output
+    does not reach; nothing is accumulated into the Parameters."""
+    from mindspore._c_expression import run_backward
+    return run_backward((output,), (output_grad,), False, False, tuple(inputs), True, accumulate_grad=False)
+
+
+# ---- point-to-point (HCCL/NCCL; rapidgpt/parallel/comm.py emulates them on the CPU) ---------------
+
+def isend_irecv():
+    """MindSpore's asynchronous point-to-point ops (isend(tensor, peer, group, tag) and
+    irecv(buffer, tag, peer, group), each returning (tensor, handle) to `.wait()` on), those behind
+    `mindspore.mint.distributed.isend/irecv`: those check the destination against this process's
+    rank in the group "hccl_world_group", which does not exist on the CPU (comm.PairExchange)."""
+    written_for_this_version("point-to-point sends between pipeline stages")
+    from mindspore.ops.auto_generate.gen_ops_prim import dist_comm_irecv_op, dist_comm_isend_op
+    return dist_comm_isend_op, dist_comm_irecv_op

@@ -21,7 +21,7 @@ import logging
 import os
 
 from rapidgpt.arguments import ArgumentError, apply_checkpoint_args, build_parser, validate_args
-from rapidgpt.engine import ensure_device, select_device
+from rapidgpt.device import ensure_device, select_device
 from rapidgpt.models.bert import build_bert_model
 from rapidgpt.models.builtin import build_model
 from rapidgpt.models.hf_files import CONFIG, converter_for, load_into_model

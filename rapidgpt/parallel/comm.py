@@ -24,6 +24,7 @@ import os
 import mindspore as ms
 from mindspore import nn, ops
 
+from rapidgpt.mindspore_private import isend_irecv
 from rapidgpt.msrun_env import launched_by_msrun
 
 _STATE = {"initialized": False, "native": False, "native_p2p": False, "groups": {}}
@@ -214,7 +215,7 @@ class PairExchange:
 
     Native (`native=True`, the default on Ascend and CPU): MindSpore's isend/irecv ops (those behind
     `mindspore.mint.distributed.isend/irecv`, which MindSpore 2.10 runs on HCCL and on the CPU
-    backend). They are called as ops because `mint.distributed.isend` checks the destination against
+    backend; rapidgpt/mindspore_private.py). They are called as ops because `mint.distributed.isend` checks the destination against
     this process's rank in the group named "hccl_world_group" (bound when MindSpore is imported),
     which does not exist on CPU. The lower group rank sends first and the higher receives first, so
     two ranks that both send and receive never both wait in a send (on a device stream they would
@@ -245,13 +246,13 @@ class PairExchange:
         return self.sum(ops.zeros_like(receive))
 
     def _native(self, send, receive):
-        from mindspore.ops.auto_generate.gen_ops_prim import dist_comm_irecv_op, dist_comm_isend_op
+        isend, irecv = isend_irecv()
         buffer = None if receive is None else ops.zeros_like(receive)
         calls = []
         if send is not None:
-            calls.append(lambda: dist_comm_isend_op(send, self.peer, self.group, 0))
+            calls.append(lambda: isend(send, self.peer, self.group, 0))
         if buffer is not None:                     # received in place
-            calls.append(lambda: dist_comm_irecv_op(buffer, 0, self.peer, self.group))
+            calls.append(lambda: irecv(buffer, 0, self.peer, self.group))
         if self.me == 1:
             calls.reverse()
         for handle in [call()[1] for call in calls]:

@@ -6,11 +6,10 @@ pending micro-batch's backward first, while later micro-batches' forwards are st
 MindSpore's public ways do not fit: pending `mindspore.vjp` closures can only be run newest first
 ("Can not find top cell for backward"), and a backward graph (`GradOperation` with an output
 gradient) recomputes the forward. So the forward runs in PyNative with autograd recording on
-(`_pynative_executor.set_grad_flag(True)`: each output keeps what its backward needs) and each
-backward is started from its micro-batch's output by MindSpore's autograd engine
-(`mindspore._c_expression.run_backward`, the engine behind its PyTorch-style autograd), in any
-order, seeded with the output gradient received from the next stage. Both are internal APIs,
-used only in `_recorded` and `_backward` below.
+(each output keeps what its backward needs) and each backward is started from its micro-batch's
+output by MindSpore's autograd engine (the one behind its PyTorch-style autograd), in any order,
+seeded with the output gradient received from the next stage. Both are internal APIs
+(`autograd_recording` and `backward_of` in rapidgpt/mindspore_private.py).
 
 What is compiled (rapidgpt/training/model_transforms.py, compile_pipeline_stage): the stage's
 layers as one `mindspore.jit` graph, each cell holding a tensor-parallel boundary (the
@@ -34,19 +33,13 @@ alone (inputs of zeros from no neighbour, results dropped: `warm_up`), then meet
 all-reduce, which waits --distributed-timeout-minutes for the slowest rank: rapidgpt/parallel/comm.py,
 set_collective_timeout); the exchanges then only wait for computation.
 """
-import contextlib
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
-from mindspore._c_expression import run_backward
-# ms.runtime.synchronize() logs "[ERROR] CPU device is not supported" at its first call on the CPU
-# and returns without waiting (MindSpore 2.10; later calls do wait): the function behind it waits
-# on every device, without the false error.
-from mindspore._c_expression import synchronize
-from mindspore.graph.api import _pynative_executor
 
 from rapidgpt.global_vars import get_timers
+from rapidgpt.mindspore_private import autograd_recording, backward_of, synchronize
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.pipeline import StageLinks, forward_only, one_f_one_b
 from rapidgpt.parallel.random import set_dropout_key
@@ -71,21 +64,10 @@ def stage_output(output):
     return output[0] if isinstance(output, tuple) else output
 
 
-@contextlib.contextmanager
-def _recorded():
-    """PyNative autograd recording on: each output keeps the graph its backward needs."""
-    previous = _pynative_executor.grad_flag()
-    _pynative_executor.set_grad_flag(True)
-    try:
-        yield
-    finally:
-        _pynative_executor.set_grad_flag(previous)
-
-
 def _backward(output, output_grad, inputs):
     """Gradients of `output` (seeded with `output_grad`) with respect to `inputs` (tensors or
     Parameters), nothing accumulated anywhere; zeros for an input the output does not reach."""
-    grads = run_backward((output,), (output_grad,), False, False, tuple(inputs), True, accumulate_grad=False)
+    grads = backward_of(output, output_grad, inputs)
     return tuple(ops.zeros_like(x) if g is None else g for g, x in zip(grads, inputs))
 
 
@@ -118,7 +100,7 @@ def warm_up(run_forward, micro_batch, first, last, like, wrt=None):
     else:
         if received is not None:
             received.requires_grad_()
-        with _recorded():
+        with autograd_recording():
             output = run_forward(micro_batch, received)
             output = output[0] if last else output
         _backward(output, ops.ones_like(output), wrt if first else tuple(wrt) + (received,))
@@ -204,7 +186,7 @@ class ForwardBackwardPipelining:
         def forward_step(i):
             nonlocal total, stats, names
             set_dropout_key(keys[i])
-            with _recorded():
+            with autograd_recording():
                 if self.first:
                     output = self.run_forward(batches[i])
                 else:

@@ -25,15 +25,15 @@ def lowbias32(x):
     return x ^ (x >> np.uint32(16))
 
 
-def reference_keep(shape, p, stream, iteration, micro_batch):
+def reference_keep(shape, p, stream_key, iteration, micro_batch):
     """The documented mask formula for a whole (unsplit) tensor, in numpy."""
     golden = np.uint32(0x9E3779B9)
-    m = lowbias32(lowbias32(iteration) ^ np.uint32(micro_batch))
+    key = lowbias32(lowbias32(lowbias32(iteration) ^ np.uint32(micro_batch)) ^ np.uint32(stream_key))
     rows = np.arange(int(np.prod(shape[:-1])), dtype=np.uint32).reshape(shape[:-1] + (1,))
     columns = np.arange(shape[-1], dtype=np.uint32)
     with np.errstate(over="ignore"):
-        row_hash = lowbias32(rows * golden + np.uint32(stream) + m).reshape(rows.shape) | np.uint32(1)
-        column_hash = lowbias32(columns * golden + lowbias32(stream)) | np.uint32(1)
+        row_hash = lowbias32(rows * golden + key).reshape(rows.shape) | np.uint32(1)
+        column_hash = lowbias32(columns * golden + lowbias32(key)) | np.uint32(1)
         return row_hash * column_hash >= np.uint32(round(p * 2 ** 32))
 
 
@@ -55,7 +55,7 @@ def test_mask_is_the_documented_function_and_scales_kept_values(jit):
     x = np.ones((2, 3, 5, 16), np.float32)
     cell = dropout(0.25)
     keep, y = masks(cell, x, iteration=11, micro_batch=2, jit=jit)
-    stream = cell.stream
+    stream = int(cell.stream_key.asnumpy())
     np.testing.assert_array_equal(keep, reference_keep(x.shape, 0.25, stream, 11, 2))
     np.testing.assert_allclose(y[keep], np.float32(1 / 0.75))
 
@@ -83,11 +83,11 @@ def test_tensor_parallel_ranks_hold_slices_of_the_single_process_mask(shape, par
     x = np.ones(shape, np.float32)
     whole = dropout(0.3, tp=(0, 1))
     keep = masks(whole, x)[0]
-    stream = whole.stream
+    stream = int(whole.stream_key.asnumpy())
     np.testing.assert_array_equal(keep, reference_keep(shape, 0.3, stream, 7, 0))
     for rank in range(2):
         part = dropout(0.3, partition_dim, tp=(rank, 2))
-        part.stream = whole.stream                            # the same cell name on every rank
+        part.stream_key = whole.stream_key                    # the same cell name on every rank
         local = np.split(x, 2, axis=partition_dim)[rank]
         expected = np.split(keep, 2, axis=partition_dim)[rank]
         np.testing.assert_array_equal(masks(part, local, jit=jit)[0], expected)
@@ -129,7 +129,7 @@ def test_stream_keys_come_from_seed_and_cell_name_and_nn_dropout_is_flagged(capl
     initialize_parameters(a, 5)
     initialize_parameters(b, 5)
     initialize_parameters(c, 6)
-    assert a.drop.stream == b.drop.stream != c.drop.stream
+    assert a.drop.stream_key.asnumpy() == b.drop.stream_key.asnumpy() != c.drop.stream_key.asnumpy()
 
     class WithNnDropout(nn.Cell):
         def __init__(self):

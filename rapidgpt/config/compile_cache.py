@@ -3,8 +3,8 @@ instead of compiling it again. Flag: `--compile-cache on|off` (on by default).
 
 Why: compiling the step is most of a run's first minute. On the bench model
 (benchmarks/bench_pretrain.py --variants fp32,second-start, 2-core CPU, 2026-11-28) the first step
-came 4.0 s after the start compiled and 1.2 s with the graph loaded from the cache; the
-plain-MindSpore loop's 2.7 s. The 12-layer model: 20.6 s, 9.8 s and 29.4 s.
+came 6.0 s after the start compiled and 1.3 s with the graph loaded from the cache; the
+plain-MindSpore loop's 3.0 s. The 12-layer model: 10.2 s loaded, 31.6 s for the plain loop.
 
 MindSpore's own graph cache (MindSpore 2.10, measured on CPU) and what RapidGPT does about it:
 - It saves the frontend's result (a MindIR file) and, at the next start, loads it and runs only
@@ -31,7 +31,7 @@ same process (tests, a hand-written loop with several forward functions).
 Kernels: MindSpore keeps compiled kernels in MS_COMPILER_CACHE_PATH as well; the keyed directory
 links to the kernel cache's `akg_kernel_meta` and its lock file, so kernels stay shared. A loaded
 graph is fused in other groups than a freshly compiled one, so the first load of a graph on a
-machine builds some kernels of its own (the bench model: 8.8 s instead of 1.2 s, once).
+machine builds some kernels of its own (the bench model: 8.8 s instead of 1.3 s, once).
 
 A cached graph that fails to load is compiled anew: a damaged file MindSpore replaces by itself;
 one that loads but fails (a graph the key should have told apart) is deleted first. The 64 most

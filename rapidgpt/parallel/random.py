@@ -76,7 +76,7 @@ def initialize_parameters(model, seed):
     rank, world = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
     for prefix, cell in model.cells_and_names():
         if isinstance(cell, Dropout):
-            cell.stream = stream_of(seed, prefix)
+            cell.stream_key = _stream_key(seed, prefix)
         elif isinstance(cell, nn.Dropout) and cell.p > 0:
             logging.getLogger("rapidgpt").warning(
                 f"{prefix or type(model).__name__} is a mindspore.nn.Dropout: its masks come from a "
@@ -100,8 +100,7 @@ def _u32(value):
 
 
 _SHIFT_16, _SHIFT_15, _ONE = _u32(16), _u32(15), _u32(1)
-_MIX_1, _MIX_2 = _u32(0x7FEB352D), _u32(0x846CA68B)
-_GOLDEN = 0x9E3779B9           # 2^32 / the golden ratio: spreads consecutive row and column numbers
+_MIX_1, _MIX_2, _GOLDEN = _u32(0x7FEB352D), _u32(0x846CA68B), _u32(0x9E3779B9)
 
 
 def mix32(x):
@@ -112,19 +111,9 @@ def mix32(x):
     return ops.bitwise_xor(x, ops.bitwise_right_shift(x, _SHIFT_16))
 
 
-def mix32_on_host(x):
-    """`mix32` on numpy uint32 arrays (for graph constants)."""
-    x = np.asarray(x, np.uint32)
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint32(16))) * np.uint32(0x7FEB352D)
-        x = (x ^ (x >> np.uint32(15))) * np.uint32(0x846CA68B)
-    return x ^ (x >> np.uint32(16))
-
-
-def stream_of(seed, name):
-    """A Dropout cell's stream key (a uint32 int) from the seed and the cell's name."""
+def _stream_key(seed, name):
     digest = hashlib.sha256(f"{seed}/dropout/{name}".encode("utf-8")).digest()
-    return int.from_bytes(digest[:4], "little")
+    return _u32(int.from_bytes(digest[:4], "little"))
 
 
 def micro_batch_key(iteration, micro_batch):
@@ -175,20 +164,15 @@ class Dropout(nn.Cell):
 
     x: any shape `[..., c]`; `partition_dim`: the dimension of x split over tensor-parallel ranks
     (None: x is replicated on them). Mask of the element at FULL-tensor row r (all dimensions but
-    the last, flattened) and column c, for the cell's stream key k (seed + cell name) and the
-    micro-batch key m, all arithmetic modulo 2^32:
+    the last, flattened) and column c, for stream key k (cell name + seed) and micro-batch key m:
 
-        h_r = mix32(r * G + k + m) | 1;   b_c = mix32(c * G + mix32(k)) | 1
-        keep = h_r * b_c >= round(p * 2^32)
+        key = mix32(m ^ k);   h_r = mix32(r * G + key) | 1;   b_c = mix32(c * G + mix32(key)) | 1
+        keep = (h_r * b_c mod 2^32) >= round(p * 2^32)
 
-    Both factors are odd, so every row is the cell's column hashes scaled by a random odd
-    multiplier, drawn anew for every micro-batch. Only `h_r` depends on the micro-batch: `r * G + k`
-    and `b_c` are constants of the compiled graph (`row_bases`, `column_hashes`), so a cell adds
-    about 15 ops to the graph: with the whole formula in the graph (~50 ops) the bench model's
-    dropout masks cost 1.1 s of its step's compile, with the constants 0.6 s
-    (benchmarks/compile_profile.py, 2026-11-28). The per-element work is one
-    multiply and one compare, as cheap as MindSpore's own dropout kernel on CPU. Identity in eval
-    mode (`set_train(False)`) and for p = 0.
+    Only the row and column hashes are full hashes (a vector each); the per-element work is one
+    multiply and one compare, as cheap as MindSpore's own dropout kernel on CPU. Both factors are
+    odd, so every row is a permutation of the column hashes scaled by a random odd multiplier.
+    Identity in eval mode (`set_train(False)`) and for p = 0.
     """
 
     def __init__(self, p, partition_dim=None):
@@ -203,7 +187,7 @@ class Dropout(nn.Cell):
         self.tp_size = get_tensor_model_parallel_world_size()
         # Replaced by a key of (seed, cell name) in initialize_parameters; until then distinct
         # per cell by construction order.
-        self.stream = stream_of(0, f"#{next(_construction_order)}")
+        self.stream_key = _stream_key(0, f"#{next(_construction_order)}")
 
     def _split_dim(self, shape):
         """The dimension of x split over tensor-parallel ranks, or None (also when TP is 1)."""
@@ -211,12 +195,54 @@ class Dropout(nn.Cell):
             return None
         return self.partition_dim % len(shape)
 
+    def row_ids(self, shape):
+        """FULL-tensor row numbers (uint32) of x's rows, shaped `[..., 1]` to broadcast.
+
+        Row-major over all dimensions but the last, counted in the full (unsplit) tensor: one range
+        when the rows are not split, else outer * (N * I) + (tp_rank * n + j) * I + inner for a
+        split dimension of local size n (full N) with I rows inside it."""
+        rank = len(shape)
+        split = self._split_dim(shape)
+        if split is None or split == rank - 1:
+            count = 1
+            for size in shape[:-1]:
+                count *= size
+            self._check_rows(count)
+            return graph_arange(0, count, ms.uint32).reshape(shape[:-1] + (1,))
+        outer, inner = 1, 1
+        for size in shape[:split]:
+            outer *= size
+        for size in shape[split + 1:-1]:
+            inner *= size
+        local = shape[split]
+        full = local * self.tp_size
+        self._check_rows(outer * full * inner)
+        start = self.tp_rank * local
+        ones = (1,) * (rank - split)
+        rows = graph_arange(0, outer, ms.int64).reshape(shape[:split] + ones) * (full * inner)
+        rows = rows + (graph_arange(start, start + local, ms.int64) * inner).reshape((local,) + ones[1:])
+        if inner > 1:
+            rows = rows + graph_arange(0, inner, ms.int64).reshape(shape[split + 1:-1] + (1,))
+        return rows.astype(ms.uint32)
+
+    @staticmethod
+    def _check_rows(count):
+        if count >= 2 ** 31:
+            raise ValueError(f"Dropout: a tensor of {count} rows is beyond this implementation's "
+                             "2^31 rows")
+
+    def column_ids(self, shape):
+        """FULL-tensor column numbers (uint32) of x's last dimension."""
+        size = shape[-1]
+        start = self.tp_rank * size if self._split_dim(shape) == len(shape) - 1 else 0
+        return graph_arange(start, start + size, ms.uint32)
+
     def keep_mask(self, shape):
         """The boolean keep mask for an x of this (local) shape, under the current micro-batch key."""
-        split = self._split_dim(shape)
-        rows = row_bases(shape, split, self.tp_rank, self.tp_size, self.stream)
-        row_hash = ops.bitwise_or(mix32(rows + _DROPOUT_KEY), _ONE)
-        return row_hash * column_hashes(shape, split, self.tp_rank, self.stream) >= self.threshold
+        key = mix32(ops.bitwise_xor(_DROPOUT_KEY, self.stream_key))
+        row_hash = ops.bitwise_or(mix32(self.row_ids(shape) * _GOLDEN + key), _ONE)
+        column_hash = ops.bitwise_or(mix32(self.column_ids(shape) * _GOLDEN + mix32(key)), _ONE)
+        return row_hash * column_hash >= self.threshold
 
     def construct(self, x):
         if not self.training or self.p == 0.0:
@@ -225,43 +251,3 @@ class Dropout(nn.Cell):
         # gradient needs a zeros tensor per call (~1.5 ms each on the bench model's CPU step). As in
         # torch, a dropped inf/NaN activation stays non-finite (inf * 0), which loss scaling skips.
         return x * (self.keep_mask(x.shape).astype(x.dtype) * self.scale)
-
-
-def full_rows(shape, split, tp_rank, tp_size):
-    """FULL-tensor row numbers (int64, shaped `[..., 1]`) of a local x of `shape`: row-major over
-    all dimensions but the last, counted in the full (unsplit) tensor, where the dimension `split`
-    (None: none, or the last) holds this TP rank's slice of tp_size equal slices."""
-    if split is None or split == len(shape) - 1:
-        count = int(np.prod(shape[:-1], dtype=np.int64))
-        _check_rows(count)
-        return np.arange(count, dtype=np.int64).reshape(tuple(shape[:-1]) + (1,))
-    full = list(shape[:-1])
-    full[split] *= tp_size
-    _check_rows(int(np.prod(full, dtype=np.int64)))
-    index = [slice(None)] * len(full)
-    local = shape[split]
-    index[split] = slice(tp_rank * local, (tp_rank + 1) * local)
-    return np.arange(int(np.prod(full, dtype=np.int64)), dtype=np.int64).reshape(full)[tuple(index)][..., None]
-
-
-def _check_rows(count):
-    if count >= 2 ** 31:
-        raise ValueError(f"Dropout: a tensor of {count} rows is beyond this implementation's 2^31 rows")
-
-
-@ops.constexpr
-def row_bases(shape, split, tp_rank, tp_size, stream):
-    """`r * G + k` (uint32, `[..., 1]`) for x's rows: a constant of the compiled graph."""
-    rows = full_rows(shape, split, tp_rank, tp_size)
-    return Tensor(((rows * _GOLDEN + stream) % 2 ** 32).astype(np.uint32))
-
-
-@ops.constexpr
-def column_hashes(shape, split, tp_rank, stream):
-    """`b_c` (uint32, `[c]`) for x's columns (this TP rank's slice when the last dimension is
-    split): a constant of the compiled graph."""
-    size = shape[-1]
-    start = tp_rank * size if split == len(shape) - 1 else 0
-    columns = np.arange(start, start + size, dtype=np.int64)
-    key = int(mix32_on_host(np.uint32(stream)))
-    return Tensor(mix32_on_host((columns * _GOLDEN + key) % 2 ** 32) | np.uint32(1))

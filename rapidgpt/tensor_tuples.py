@@ -13,9 +13,10 @@ after.
 gradient counts in the norm) is mapped element by element like a tuple of tensors, and `fn`
 branches on them at compile time.
 
-Only value computations are mapped. The optimizers' in-place updates stay loops
-(rapidgpt/optim/adamw.py): an AdamW update mapped this way ran, but under ZeRO-1 the gathered
-parameters were read before it had written them (measured, MindSpore 2.10).
+In-place updates are mapped only where nothing in the same graph reads the parameters after them
+(AdamW's `update_mapped`, rapidgpt/optim/adamw.py: fp32 runs without ZeRO-1/2): an AdamW update
+mapped under ZeRO-1 ran, but the gathered parameters were read before it had written them
+(measured, MindSpore 2.10). Elsewhere the updates stay loops.
 """
 import mindspore as ms
 from mindspore import ops

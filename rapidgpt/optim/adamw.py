@@ -11,6 +11,8 @@ weights and biases) get none; pass `no_decay_filter` to choose differently.
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from rapidgpt.tensor_tuples import map_tensors
+
 
 def megatron_no_decay(param):
     """Megatron's rule (get_param_groups): no weight decay for biases and 1-D parameters.
@@ -54,6 +56,12 @@ class _Optimizer(nn.Cell):
         # c3aa45a ZeRO-1 with --weight-decay 0 gathered the previous step's pieces (measured),
         # and a preceding assign ordered them. Cost: one pass over the undecayed pieces per step.
         self.assign_before_update = False
+        # Set by the optimizer wrapper when nothing in its graph reads the parameters after the
+        # update (fp32 without ZeRO): AdamW then maps its update over the parameters
+        # (rapidgpt.tensor_tuples.map_tensors) instead of unrolling a loop: the same kernels, about
+        # 0.5 s less of the bench model's first compile (benchmarks/bench_pretrain.py, 2026-11-28).
+        # Not otherwise: a mapped update is not ordered before later reads (rapidgpt/tensor_tuples.py).
+        self.update_mapped = False
 
     def with_parameters(self, params, weight_decays=None):
         """This optimizer (hyper-parameters, each parameter's weight decay) over `params`, which
@@ -104,7 +112,6 @@ class AdamW(_Optimizer):
         self.exp_avg = param_tuple.clone(prefix="adam_m", init="zeros")
         self.exp_avg_sq = param_tuple.clone(prefix="adam_v", init="zeros")
         self.step_count = Parameter(Tensor(0, ms.int32), name="adam_step", requires_grad=False)
-        self.adam = ops.Adam()
 
     def construct(self, grads, lr=None):
         """One step; `grads` in `self.parameters` order, `lr` an optional scalar Tensor. Returns lr."""
@@ -113,13 +120,25 @@ class AdamW(_Optimizer):
         t = ops.cast(self.step_count, ms.float32)
         beta1_power, beta2_power = ops.pow(self.beta1, t), ops.pow(self.beta2, t)
         eps = self.eps * ops.sqrt(1 - beta2_power)
-        # A loop, not rapidgpt.tensor_tuples.map_tensors: see there why updates are not mapped.
+        if self.update_mapped:
+            done = map_tensors(ops.partial(_adamw_update, beta1_power, beta2_power, lr, self.beta1, self.beta2, eps),
+                               self.parameters, self.exp_avg, self.exp_avg_sq, grads, self.weight_decays)
+            return ops.depend(lr, done)
         for p, m, v, g, wd in zip(self.parameters, self.exp_avg, self.exp_avg_sq, grads, self.weight_decays):
             if wd > 0 or self.assign_before_update:          # Python constants: no branch in the graph
                 p = ops.depend(p, ops.assign(p, p * (1 - lr * wd)))
-            self.adam(p, m, v, beta1_power, beta2_power, lr, self.beta1, self.beta2, eps,
-                      ops.cast(g, p.dtype))
+            _ADAM(p, m, v, beta1_power, beta2_power, lr, self.beta1, self.beta2, eps, ops.cast(g, p.dtype))
         return lr
+
+
+_ADAM = ops.Adam()
+
+
+def _adamw_update(beta1_power, beta2_power, lr, beta1, beta2, eps, p, m, v, g, wd):
+    """AdamW's update of one parameter, `wd` its weight decay (a Python constant), for map_tensors."""
+    if wd > 0:
+        p = ops.depend(p, ops.assign(p, p * (1 - lr * wd)))
+    return _ADAM(p, m, v, beta1_power, beta2_power, lr, beta1, beta2, eps, ops.cast(g, p.dtype))
 
 
 class SGD(_Optimizer):

@@ -90,6 +90,11 @@ class OptimizerWrapper(nn.Cell):
         else:
             self.main_params = self.parameters
         self.optimizer = make_optimizer(self.main_params)
+        # fp32: the update is the last thing the step graph does with the parameters (16-bit runs
+        # copy the main parameters into the model's after it; ZeRO-1/2 build their own main
+        # parameters and gather them after it; ZeRO-3's pieces are gathered by the next step).
+        if not self.half and hasattr(self.optimizer, "update_mapped"):
+            self.optimizer.update_mapped = True
 
     @classmethod
     def around(cls, optimizer, clip_grad=0.0, precision=None):

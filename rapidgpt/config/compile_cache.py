@@ -3,8 +3,8 @@ instead of compiling it again. Flag: `--compile-cache on|off` (on by default).
 
 Why: compiling the step is most of a run's first minute. On the bench model
 (benchmarks/bench_pretrain.py --variants fp32,second-start, 2-core CPU, 2026-11-28) the first step
-came 6.0 s after the start compiled and 1.3 s with the graph loaded from the cache; the
-plain-MindSpore loop's 3.0 s. The 12-layer model: 10.2 s loaded, 31.6 s for the plain loop.
+came 4.6 s after the start compiled and 1.3 s with the graph loaded from the cache; the
+plain-MindSpore loop's 2.7 s. The 12-layer model: 18.5 s, 11.9 s and 29.9 s.
 
 MindSpore's own graph cache (MindSpore 2.10, measured on CPU) and what RapidGPT does about it:
 - It saves the frontend's result (a MindIR file) and, at the next start, loads it and runs only

@@ -175,7 +175,8 @@ class Dropout(nn.Cell):
     odd, so every row is a permutation of the column hashes scaled by a random odd multiplier.
     The key is not hashed again: m is already a hash (`micro_batch_key`) and k a SHA-256 digest,
     and every op of a mask is compiled once per Dropout call in the step (the bench model's
-    compile is about 0.6 s shorter than with key = mix32(m ^ k) and b_c's input mix32(key)). The
+    compile took about 0.25 s less than with key = mix32(m ^ k) and b_c's input mix32(key),
+    4 paired runs of benchmarks/bench_pretrain.py --only rapidgpt, 2026-11-28). The
     column salt S keeps b_c's inputs apart from h_r's. Identity in eval mode (`set_train(False)`)
     and for p = 0.
     """

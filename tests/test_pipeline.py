@@ -22,7 +22,8 @@ from rapidgpt.theoretical_memory import GPTShape, stage_parameters, total_parame
 from rapidgpt.tokenizer import padded_vocab_size
 from rapidgpt.training.checkpointing import gathered_tensors
 from rapidgpt.training.model_transforms import ModelTransformError, prepare_model
-from rapidgpt.training.pipeline_schedules import StageForward, _backward, _recorded
+from rapidgpt.mindspore_private import autograd_recording
+from rapidgpt.training.pipeline_schedules import StageForward, _backward
 from test_parallel import (FP16, SCALES, TINY, assert_close_run, assert_layout, assert_same_pieces, assert_same_run,
                            assert_same_weights, checkpoint_of, convert_checkpoint, msrun, single, skipped, values)
 
@@ -257,7 +258,7 @@ def test_held_backwards_run_oldest_first_without_recomputing():
     for x, scale in micro_batches:                 # all forwards first: three pending backwards
         inputs = Tensor(x)
         inputs.requires_grad_()
-        with _recorded():
+        with autograd_recording():
             output = StageForward(lambda s: stage(Tensor(np.float32(s))), stage, last=False)(scale, inputs)
         held.append((x, scale, inputs, output))
     assert int(counter.asnumpy()) == 3 * 3

@@ -47,7 +47,7 @@ def hf_to_checkpoint(hf_dir, save, ckpt_format="ckpt", divisible_by=128):
     """Write the HF BERT folder `hf_dir` as a RapidGPT checkpoint under `save`; returns
     (its path, the model flags, notes for the user)."""
     from rapidgpt.models.bert import build_bert_model
-    from rapidgpt.models.pretrained import model_args
+    from rapidgpt.pretrained import model_args
     from rapidgpt.parallel.random import initialize_parameters
 
     check_conversion_targets(save=save)
@@ -78,7 +78,7 @@ def hf_to_checkpoint(hf_dir, save, ckpt_format="ckpt", divisible_by=128):
 
 def checkpoint_to_hf(load, hf_dir):
     """Write the RapidGPT BERT checkpoint under `load` as a Hugging Face BERT folder `hf_dir`."""
-    from rapidgpt.models.pretrained import load_pretrained
+    from rapidgpt.pretrained import load_pretrained
 
     check_conversion_targets(hf_dir=hf_dir, load=load)
     metadata = read_metadata(find_checkpoint(load))

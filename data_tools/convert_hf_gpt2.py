@@ -37,7 +37,7 @@ PROG = "convert_hf_gpt2.py"
 def hf_to_checkpoint(hf_dir, save, ckpt_format="ckpt", divisible_by=128):
     """Write the HF GPT-2 folder `hf_dir` as a RapidGPT checkpoint under `save`; returns its path."""
     from rapidgpt.models.gpt import build_gpt_model
-    from rapidgpt.models.pretrained import model_args
+    from rapidgpt.pretrained import model_args
 
     check_conversion_targets(save=save)
     config, tensors, notes = read_hf_folder(hf_dir)
@@ -64,7 +64,7 @@ def hf_to_checkpoint(hf_dir, save, ckpt_format="ckpt", divisible_by=128):
 
 def checkpoint_to_hf(load, hf_dir):
     """Write the RapidGPT checkpoint under `load` as a Hugging Face GPT-2 folder `hf_dir`."""
-    from rapidgpt.models.pretrained import load_pretrained
+    from rapidgpt.pretrained import load_pretrained
 
     check_conversion_targets(hf_dir=hf_dir, load=load)
     metadata = read_metadata(find_checkpoint(load))

@@ -27,7 +27,7 @@ _EXPORTS = {
     "get_timers": "rapidgpt.global_vars",
     "get_tokenizer": "rapidgpt.global_vars",
     "get_tensorboard_writer": "rapidgpt.global_vars",
-    "load_pretrained": "rapidgpt.models.pretrained",
+    "load_pretrained": "rapidgpt.pretrained",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

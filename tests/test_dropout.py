@@ -28,12 +28,12 @@ def lowbias32(x):
 def reference_keep(shape, p, stream_key, iteration, micro_batch):
     """The documented mask formula for a whole (unsplit) tensor, in numpy."""
     golden = np.uint32(0x9E3779B9)
-    key = lowbias32(lowbias32(iteration) ^ np.uint32(micro_batch)) ^ np.uint32(stream_key)
+    key = lowbias32(lowbias32(lowbias32(iteration) ^ np.uint32(micro_batch)) ^ np.uint32(stream_key))
     rows = np.arange(int(np.prod(shape[:-1])), dtype=np.uint32).reshape(shape[:-1] + (1,))
     columns = np.arange(shape[-1], dtype=np.uint32)
     with np.errstate(over="ignore"):
         row_hash = lowbias32(rows * golden + key).reshape(rows.shape) | np.uint32(1)
-        column_hash = lowbias32(columns * golden + (key ^ np.uint32(0x5BD1E995))) | np.uint32(1)
+        column_hash = lowbias32(columns * golden + lowbias32(key)) | np.uint32(1)
         return row_hash * column_hash >= np.uint32(round(p * 2 ** 32))
 
 

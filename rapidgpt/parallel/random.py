@@ -101,7 +101,6 @@ def _u32(value):
 
 _SHIFT_16, _SHIFT_15, _ONE = _u32(16), _u32(15), _u32(1)
 _MIX_1, _MIX_2, _GOLDEN = _u32(0x7FEB352D), _u32(0x846CA68B), _u32(0x9E3779B9)
-_COLUMN_SALT = _u32(0x5BD1E995)      # any fixed value: keeps the column hashes' inputs off the rows'
 
 
 def mix32(x):
@@ -167,18 +166,13 @@ class Dropout(nn.Cell):
     (None: x is replicated on them). Mask of the element at FULL-tensor row r (all dimensions but
     the last, flattened) and column c, for stream key k (cell name + seed) and micro-batch key m:
 
-        key = m ^ k;   h_r = mix32(r * G + key) | 1;   b_c = mix32(c * G + (key ^ S)) | 1
+        key = mix32(m ^ k);   h_r = mix32(r * G + key) | 1;   b_c = mix32(c * G + mix32(key)) | 1
         keep = (h_r * b_c mod 2^32) >= round(p * 2^32)
 
     Only the row and column hashes are full hashes (a vector each); the per-element work is one
     multiply and one compare, as cheap as MindSpore's own dropout kernel on CPU. Both factors are
     odd, so every row is a permutation of the column hashes scaled by a random odd multiplier.
-    The key is not hashed again: m is already a hash (`micro_batch_key`) and k a SHA-256 digest,
-    and every op of a mask is compiled once per Dropout call in the step (the bench model's
-    compile took about 0.25 s less than with key = mix32(m ^ k) and b_c's input mix32(key),
-    4 paired runs of benchmarks/bench_pretrain.py --only rapidgpt, 2026-11-28). The
-    column salt S keeps b_c's inputs apart from h_r's. Identity in eval mode (`set_train(False)`)
-    and for p = 0.
+    Identity in eval mode (`set_train(False)`) and for p = 0.
     """
 
     def __init__(self, p, partition_dim=None):
@@ -245,10 +239,9 @@ class Dropout(nn.Cell):
 
     def keep_mask(self, shape):
         """The boolean keep mask for an x of this (local) shape, under the current micro-batch key."""
-        key = ops.bitwise_xor(_DROPOUT_KEY, self.stream_key)
+        key = mix32(ops.bitwise_xor(_DROPOUT_KEY, self.stream_key))
         row_hash = ops.bitwise_or(mix32(self.row_ids(shape) * _GOLDEN + key), _ONE)
-        column_key = ops.bitwise_xor(key, _COLUMN_SALT)
-        column_hash = ops.bitwise_or(mix32(self.column_ids(shape) * _GOLDEN + column_key), _ONE)
+        column_hash = ops.bitwise_or(mix32(self.column_ids(shape) * _GOLDEN + mix32(key)), _ONE)
         return row_hash * column_hash >= self.threshold
 
     def construct(self, x):

@@ -150,9 +150,9 @@ def test_sequence_classification_finetunes_a_hugging_face_bert_folder(tmp_path):
     """Rapidformer's BERT finetuning from a terminal: --pretrained-model-name-or-path of a local
     Hugging Face BERT folder, sentence pairs from .tsv; the encoder loads, the classifier starts fresh,
     training lowers the loss and validation reports an accuracy above chance. The pairs are
-    learnable in 18 steps: a "different" pair's second text is drawn from other words than the
-    first (with both from one word list, the tiny model stayed at chance and its loss rose or fell
-    with the dropout masks)."""
+    learnable in 18 steps at lr 5e-3 (measured: loss 0.71 -> 0.54, accuracy 0.94): a "different"
+    pair's second text is drawn from other words than the first (with both from one word list and
+    lr 1e-3 the tiny model stayed at chance, and its loss rose or fell with the dropout masks)."""
     import subprocess
     import sys
     rng = np.random.RandomState(0)
@@ -169,7 +169,7 @@ def test_sequence_classification_finetunes_a_hugging_face_bert_folder(tmp_path):
         [sys.executable, "-m", "rapidgpt.cli", "--task", "sequence_classification",
          "--pretrained-model-name-or-path", str(FIXTURE), "--data-path", str(tmp_path / "train.tsv"),
          "--valid-data-path", str(tmp_path / "dev.tsv"), "--epochs", "3", "--micro-batch-size", "16",
-         "--lr", "1e-3", "--seq-length", "32", "--log-interval", "2", "--no-progress-bar"],
+         "--lr", "5e-3", "--seq-length", "32", "--log-interval", "2", "--no-progress-bar"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-3000:]

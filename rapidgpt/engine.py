@@ -117,10 +117,10 @@ class RapidGPTEngine:
                                 "--train-iters (or --train-samples); give one, or pass your lr_scheduler")
         check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
-        prepare_model(model, self.args.precision, self.args.recompute, get_logger(), self.args.jit,
+        zero3_units = prepare_model(model, self.args.precision, self.args.recompute, get_logger(), self.args.jit,
                       zero=self.args.zero)
         model.set_train(True)          # MindSpore cells start in eval mode (no dropout)
-        optimizer = wrap_optimizer(optimizer, model, self.args)
+        optimizer = wrap_optimizer(optimizer, model, self.args, zero3_units)
         get_logger().info(optimizer.held_line())
         lr_scheduler = lr_scheduler or build_lr_scheduler(self.args)
         return model, ComposedOptimizer(optimizer, lr_scheduler, self.args), lr_scheduler, train_dataloader

@@ -226,8 +226,8 @@ def test_composite_layer_norm_is_the_layer_norm_and_is_used_where_the_step_is_fu
     try:
         state = enable_kernel_fusion(KernelFusionConfig("auto"), "cpu")
         other_axes = LayerNorm((16, 64), begin_norm_axis=1, begin_params_axis=1)
-        model = prepare_model(ms.nn.SequentialCell([LayerNorm((64,), epsilon=1e-5), other_axes]),
-                              PrecisionConfig(), RecomputeConfig())
+        model = ms.nn.SequentialCell([LayerNorm((64,), epsilon=1e-5), other_axes])
+        prepare_model(model, PrecisionConfig(), RecomputeConfig())
         assert [model[0].composite, other_axes.composite] == [state.startswith("on"), False]
         check(composite, ms.jit)
     finally:

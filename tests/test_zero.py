@@ -247,7 +247,7 @@ def test_zero_steps_a_users_model_as_the_unsharded_wrapper(shard_gradients):
 
 def test_zero_3_steps_a_users_model_of_rapidgpt_layers_as_the_unsharded_wrapper():
     """In one process (one shard per layer): a user's cell of RapidGPT layers (a linear with bias,
-    a LayerNorm, a linear without) with its own AdamW (weight decay on the matrices only), fp16,
+    a LayerNorm, a linear without) and a layer of its own built on ShardableLayer, with its own AdamW (weight decay on the matrices only), fp16,
     clipped. Sharded by the ZeRO-3 transform, it computes the same output; wrap_optimizer rebuilds
     the AdamW over the pieces (each decayed as its parameter), and after three steps that wrapper
     holds the unsharded wrapper's weights, main parameters and Adam state (assert_steps_alike)."""
@@ -264,8 +264,17 @@ def test_zero_3_steps_a_users_model_of_rapidgpt_layers_as_the_unsharded_wrapper(
     from rapidgpt.optim.mixed_precision import wrap_optimizer
     from rapidgpt.optim.distributed_optimizer import FullyShardedOptimizerWrapper
     from rapidgpt.parallel.data_parallel import REDUCED_IN_BACKWARD
-    from rapidgpt.parallel.fully_sharded import shard_model_parameters
+    from rapidgpt.parallel.fully_sharded import ShardableLayer, shard_model_parameters
     from rapidgpt.parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    class Scale(ShardableLayer, nn.Cell):        # a user's own layer: all ZeRO-3 needs is weight_names
+        def __init__(self):
+            super().__init__()
+            self.scale = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="scale")
+            self.weight_names = ("scale",)
+
+        def construct(self, x):
+            return x * self.whole_weights()[0]
 
     class Net(nn.Cell):
         def __init__(self):
@@ -273,9 +282,10 @@ def test_zero_3_steps_a_users_model_of_rapidgpt_layers_as_the_unsharded_wrapper(
             self.up = ColumnParallelLinear(4, 8)
             self.norm = LayerNorm((8,))
             self.down = RowParallelLinear(8, 2, bias=False)
+            self.scale = Scale()
 
         def construct(self, x):
-            return self.down(self.norm(self.up(x)))
+            return self.scale(self.down(self.norm(self.up(x))))
 
     precision = PrecisionConfig(params_dtype="float16", loss_scale=1.0)
     x = ms.Tensor(np.random.default_rng(0).standard_normal((3, 4)), ms.float16)
@@ -289,11 +299,11 @@ def test_zero_3_steps_a_users_model_of_rapidgpt_layers_as_the_unsharded_wrapper(
         if sharded:
             units = [unit for _, unit in shard_model_parameters(model)]
             assert [p.name for p in model.get_parameters()] == ["up.weight", "up.bias", "norm.gamma", "norm.beta",
-                                                                "down.weight"]
+                                                                "down.weight", "scale.scale"]
             assert all(p.ndim == 1 for p in model.get_parameters())
             args = SimpleNamespace(zero=ZeroConfig(3, "--zero-3-memory-optimization"), precision=precision,
                                    clip_grad=1.0)
-            wrappers.append(wrap_optimizer(inner, model, args))       # the user's AdamW, rebuilt over the pieces
+            wrappers.append(wrap_optimizer(inner, model, args, units))    # the user's AdamW, rebuilt over the pieces
             assert isinstance(wrappers[-1], FullyShardedOptimizerWrapper) and wrappers[-1].units == tuple(units)
             assert wrappers[-1].gradient_layout is REDUCED_IN_BACKWARD
         else:

@@ -35,8 +35,8 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from rapidgpt.models.gpt import LanguageModelHead, LanguageModelStage, padded_vocab_size_of, stage_word_embeddings
-from rapidgpt.models.transformer import (LayerNorm, ParallelAttention, ParallelMLP, TransformerConfig,
-                                         TransformerLayerBase, TransformerLayers)
+from rapidgpt.models.transformer import LayerNorm, ParallelAttention, ParallelMLP, TransformerConfig, TransformerLayers
+from rapidgpt.parallel.fully_sharded import ShardableLayer
 from rapidgpt.parallel.layers import ReplicatedEmbedding, ReplicatedLinear, _zeros, divide
 from rapidgpt.parallel.random import Dropout, ParamInit, graph_arange
 from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
@@ -52,28 +52,25 @@ def bert_config(config):
     return config
 
 
-class BertLayer(TransformerLayerBase):
+class BertLayer(nn.Cell):
     """One post-LayerNorm encoder layer: `(x [b, s, h], padding mask [b, 1, 1, s] True = hidden) -> [b, s, h]`."""
 
     def __init__(self, config):
-        super().__init__(config)
+        super().__init__()
         eps = config.layernorm_epsilon
         self.self_attention = ParallelAttention(config)
         self.post_attention_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
         self.mlp = ParallelMLP(config)
         self.post_mlp_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
-        self._set_weight_ranges()
-
-    def _weighted_sublayers(self):
-        return self.self_attention, self.post_attention_layernorm, self.mlp, self.post_mlp_layernorm
+        self.post_attention_dropout = Dropout(config.hidden_dropout)
+        self.post_mlp_dropout = Dropout(config.hidden_dropout)
 
     def construct(self, x, attention_mask=None):
-        attention, ln1, mlp, ln2 = self.sublayer_weights()
-        x = self.post_attention_layernorm(x + self.post_attention_dropout(self.self_attention(x, attention_mask, attention)), ln1)
-        return self.post_mlp_layernorm(x + self.post_mlp_dropout(self.mlp(x, mlp)), ln2)
+        x = self.post_attention_layernorm(x + self.post_attention_dropout(self.self_attention(x, attention_mask)))
+        return self.post_mlp_layernorm(x + self.post_mlp_dropout(self.mlp(x)))
 
 
-class VocabParallelBias(nn.Cell):
+class VocabParallelBias(ShardableLayer, nn.Cell):
     """An output bias over the vocabulary, `[padded / tp]` on each TP rank (the rows its word
     embeddings hold); zero-initialised."""
 
@@ -82,13 +79,7 @@ class VocabParallelBias(nn.Cell):
         rows = divide(padded_vocab_size, get_tensor_model_parallel_world_size(), "padded vocabulary")
         self.bias = _zeros((rows,), "bias", True)
         self.param_inits = {"bias": ParamInit(0.0, (padded_vocab_size,), 0, vocab_size)}
-        self.fully_sharded = None          # ZeRO-3 (rapidgpt/parallel/fully_sharded.py)
-
-    def zero3_slots(self):
-        return [(self, "bias")]
-
-    def whole_weights(self):
-        return (self.bias,) if self.fully_sharded is None else self.fully_sharded()
+        self.weight_names = ("bias",)
 
 
 class BertLMHead(nn.Cell):

@@ -19,9 +19,9 @@ std / sqrt(2 * num_layers).
 Mixed precision: in a 16-bit model every matrix product runs in 16-bit, while LayerNorm computes
 in fp32 (`LayerNorm` below) and the GPT's loss too (rapidgpt/models/gpt.py).
 
-ZeRO-3 (rapidgpt/parallel/fully_sharded.py): a layer is one unit. Its 12 weights (`zero3_slots`
-order) are gathered once at the top of its forward and handed down to its sub-layers as `weights`
-arguments; without ZeRO-3 they read their own Parameters.
+ZeRO-3 (rapidgpt/parallel/fully_sharded.py): every layer here that owns parameters is a
+ShardableLayer and gathers its own weights (`whole_weights()`); the composite cells hold no
+ZeRO-3 code.
 """
 import math
 
@@ -29,6 +29,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 import mindspore as ms
 
+from rapidgpt.parallel.fully_sharded import ShardableLayer
 from rapidgpt.parallel.layers import ColumnParallelLinear, RowParallelLinear, divide
 from rapidgpt.parallel.random import Dropout
 from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
@@ -58,11 +59,6 @@ class TransformerConfig:
         return self.init_method_std / math.sqrt(2.0 * self.num_layers)
 
 
-def _part(weights, start, end):
-    """weights[start:end], or None (the sub-layer then reads its own Parameters)."""
-    return None if weights is None else weights[start:end]
-
-
 def composite_layer_norm(x, gamma, beta, epsilon):
     """LayerNorm over the last axis of `x` `[..., h]` written as the ops it is made of (mean,
     biased variance, normalisation, scale and shift), so that graph kernel fusion fuses it and its
@@ -78,29 +74,20 @@ def composite_layer_norm(x, gamma, beta, epsilon):
     return centred * ops.rsqrt(variance + epsilon) * gamma + beta
 
 
-class LayerNorm(nn.LayerNorm):
+class LayerNorm(ShardableLayer, nn.LayerNorm):
     """mindspore.nn.LayerNorm (same parameters, `gamma` and `beta`) computed in fp32 whatever the
     input and parameter dtype, the result in the input's dtype: Megatron's fused LayerNorm
-    semantics for 16-bit models. A no-op cast in fp32 models. `weights`: (gamma, beta) given by
-    the enclosing layer (ZeRO-3). `composite` (set where the CPU step is fused,
+    semantics for 16-bit models. A no-op cast in fp32 models. `composite` (set where the CPU step is fused,
     rapidgpt/training/model_transforms.py): fp32 LayerNorm as `composite_layer_norm` instead of
     MindSpore's kernel -- the same formula, rounded differently (~1e-7 relative)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fully_sharded = None
+        self.weight_names = ("gamma", "beta")
         self.composite = False
 
-    def zero3_slots(self):
-        return [(self, "gamma"), (self, "beta")]
-
-    def whole_weights(self, weights=None):
-        if weights is not None:
-            return weights
-        return (self.gamma, self.beta) if self.fully_sharded is None else self.fully_sharded()
-
-    def construct(self, x, weights=None):
-        gamma, beta = self.whole_weights(weights)
+    def construct(self, x):
+        gamma, beta = self.whole_weights()
         if x.dtype == ms.float32 and gamma.dtype == ms.float32:      # decided while compiling
             if self.composite:
                 return composite_layer_norm(x, gamma, beta, self.epsilon)
@@ -157,20 +144,17 @@ class ParallelAttention(nn.Cell):
         self.causal = config.causal
         self.causal_mask = Tensor(np.triu(np.ones((1, 1, n, n), bool), k=1))   # True = masked
 
-    def zero3_slots(self):
-        return self.query_key_value.zero3_slots() + self.dense.zero3_slots()
-
-    def heads(self, x, weights=None):
+    def heads(self, x):
         """q, k, v `[b, np, s, hn]` of this rank's heads."""
         b, s, _ = x.shape
-        qkv = self.query_key_value(x, weights).reshape(b, s, self.heads_per_rank, 3 * self.head_dim)
+        qkv = self.query_key_value(x).reshape(b, s, self.heads_per_rank, 3 * self.head_dim)
         # A split of the last axis, not qkv[..., i, :] slices: MindSpore's CPU StridedSlice kernel
         # copies element by element (~4x slower here, benchmarks/bench_pretrain.py's profile).
         q, k, v = ops.split(qkv, self.head_dim, axis=-1)                         # [b, s, np, hn]
         return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
-    def construct(self, x, attention_mask=None, weights=None):
-        """`weights`: (qkv weight, qkv bias, dense weight, dense bias), or None. `attention_mask`
+    def construct(self, x, attention_mask=None):
+        """`attention_mask`
         (True = hidden) is added to the causal mask, or is the whole mask when not causal
         (BERT's padding mask `[b, 1, 1, s]`: every query sees every real key)."""
         s = x.shape[1]
@@ -180,17 +164,17 @@ class ParallelAttention(nn.Cell):
             mask = self.causal_mask[:, :, :s, :s]
         else:
             mask = ops.logical_or(self.causal_mask[:, :, :s, :s], attention_mask)
-        return self.dense(self.core_attention(*self.heads(x, _part(weights, 0, 2)), mask), _part(weights, 2, 4))
+        return self.dense(self.core_attention(*self.heads(x), mask))
 
-    def decode(self, x, past=None, weights=None):
+    def decode(self, x, past=None):
         """Incremental attention for generation: x `[b, s_new, h]` after `past` = (k, v) of the
         earlier positions (None: none). Returns (output, (k, v) including the new positions)."""
-        q, k, v = self.heads(x, _part(weights, 0, 2))
+        q, k, v = self.heads(x)
         if past is not None:
             k, v = ops.cat((past[0], k), axis=2), ops.cat((past[1], v), axis=2)
         total, new = k.shape[2], x.shape[1]
         mask = self.causal_mask[:, :, total - new:total, :total]
-        return self.dense(self.core_attention(q, k, v, mask), _part(weights, 2, 4)), (k, v)
+        return self.dense(self.core_attention(q, k, v, mask)), (k, v)
 
 
 class ParallelMLP(nn.Cell):
@@ -202,75 +186,34 @@ class ParallelMLP(nn.Cell):
                                                init_std=config.output_init_std)
         self.approximate = {"gelu_tanh": "tanh", "gelu": "none"}[config.activation]
 
-    def zero3_slots(self):
-        return self.dense_h_to_4h.zero3_slots() + self.dense_4h_to_h.zero3_slots()
-
-    def construct(self, x, weights=None):
-        """`weights`: (h->4h weight, bias, 4h->h weight, bias), or None."""
-        h = self.dense_h_to_4h(x, _part(weights, 0, 2))
-        return self.dense_4h_to_h(ops.gelu(h, approximate=self.approximate), _part(weights, 2, 4))
+    def construct(self, x):
+        h = self.dense_h_to_4h(x)
+        return self.dense_4h_to_h(ops.gelu(h, approximate=self.approximate))
 
 
-class TransformerLayerBase(nn.Cell):
-    """What decoder and encoder layers share: two residual dropouts and, for ZeRO-3, the order in
-    which the layer's weights are gathered and handed down. A subclass builds its sub-layers, then
-    calls `_set_weight_ranges()`; `_weighted_sublayers()` lists them in the order `construct`
-    uses their weights."""
-
-    def __init__(self, config):
-        super().__init__()
-        # Two cells, so the two residual branches draw different masks.
-        self.post_attention_dropout = Dropout(config.hidden_dropout)
-        self.post_mlp_dropout = Dropout(config.hidden_dropout)
-        self.fully_sharded = None
-
-    def _set_weight_ranges(self):
-        # Where each sub-layer's weights sit in zero3_slots(), the order they are handed down in.
-        ends = np.cumsum([len(cell.zero3_slots()) for cell in self._weighted_sublayers()]).tolist()
-        self.weight_ranges = tuple(zip([0] + ends[:-1], ends))
-
-    def _weighted_sublayers(self):
-        raise NotImplementedError
-
-    def zero3_slots(self):
-        """Its parameters (12) in the order `construct` hands them down."""
-        return [slot for cell in self._weighted_sublayers() for slot in cell.zero3_slots()]
-
-    def sublayer_weights(self):
-        """Each weighted sub-layer's weights (in _weighted_sublayers order): None each (they read
-        their own Parameters), or under ZeRO-3 their share of the layer's, gathered here."""
-        if self.fully_sharded is None:
-            return (None,) * len(self.weight_ranges)
-        w = self.fully_sharded()
-        return tuple(w[start:end] for start, end in self.weight_ranges)
-
-
-class ParallelTransformerLayer(TransformerLayerBase):
+class ParallelTransformerLayer(nn.Cell):
     """GPT's pre-LayerNorm decoder layer (see the module docstring)."""
 
     def __init__(self, config):
-        super().__init__(config)
+        super().__init__()
         eps = config.layernorm_epsilon
         self.input_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
         self.self_attention = ParallelAttention(config)
         self.post_attention_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
         self.mlp = ParallelMLP(config)
-        self._set_weight_ranges()
-
-    def _weighted_sublayers(self):
-        return self.input_layernorm, self.self_attention, self.post_attention_layernorm, self.mlp
+        # Two cells, so the two residual branches draw different masks.
+        self.post_attention_dropout = Dropout(config.hidden_dropout)
+        self.post_mlp_dropout = Dropout(config.hidden_dropout)
 
     def construct(self, x, attention_mask=None):
-        ln1, attention, ln2, mlp = self.sublayer_weights()
-        x = x + self.post_attention_dropout(self.self_attention(self.input_layernorm(x, ln1), attention_mask, attention))
-        return x + self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(x, ln2), mlp))
+        x = x + self.post_attention_dropout(self.self_attention(self.input_layernorm(x), attention_mask))
+        return x + self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(x)))
 
     def decode(self, x, past=None):
         """The layer with cached keys/values (generation, eval mode); returns (x, present)."""
-        ln1, attention_weights, ln2, mlp = self.sublayer_weights()
-        attention, present = self.self_attention.decode(self.input_layernorm(x, ln1), past, attention_weights)
+        attention, present = self.self_attention.decode(self.input_layernorm(x), past)
         x = x + attention
-        return x + self.mlp(self.post_attention_layernorm(x, ln2), mlp), present
+        return x + self.mlp(self.post_attention_layernorm(x)), present
 
 
 class TransformerLayers(nn.SequentialCell):

@@ -184,9 +184,11 @@ class OptimizerRebuildError(UserError, TypeError):
     """A user's optimizer cannot be rebuilt over fp32 main parameters; the message says what to return."""
 
 
-def wrap_optimizer(optimizer, model, args):
+def wrap_optimizer(optimizer, model, args, zero3_units=()):
     """The OptimizerWrapper of a run: over `optimizer` (a user's, or None: built from the optimizer
-    flags over the model's trainable parameters) with `args.precision` and --clip-grad.
+    flags over the model's trainable parameters) with `args.precision` and --clip-grad. Under
+    ZeRO-3, `zero3_units` are the model's sharded layers' ShardedWeights, as prepare_model
+    (rapidgpt/training/model_transforms.py) returned them.
 
     In 16-bit runs the inner optimizer must be built over the fp32 main parameters, so a user's
     optimizer is rebuilt over them with `optimizer.with_parameters` (RapidGPT's AdamW and SGD have it).
@@ -194,7 +196,7 @@ def wrap_optimizer(optimizer, model, args):
     precision = args.precision
     zero = getattr(args, "zero", None)
     if zero is not None and zero.stage >= 1:
-        return _sharded_wrapper(optimizer, model, args)
+        return _sharded_wrapper(optimizer, model, args, zero3_units)
     if optimizer is None:
         return OptimizerWrapper(model.trainable_params(), lambda main_params: build_optimizer(args, main_params),
                                 precision, args.clip_grad)
@@ -206,16 +208,14 @@ def wrap_optimizer(optimizer, model, args):
     return OptimizerWrapper.around(optimizer, args.clip_grad, precision)
 
 
-def _sharded_wrapper(optimizer, model, args):
+def _sharded_wrapper(optimizer, model, args, units):
     """ZeRO: the inner optimizer (the flags', or the user's rebuilt) over this rank's pieces of the
     main parameters (rapidgpt/optim/distributed_optimizer.py), each piece decayed as the parameter
     it is cut from. Stages 1 and 2 cut them from the model's whole parameters; at stage 3 the model
-    already holds only its pieces (its units, rapidgpt/parallel/fully_sharded.py), of which the
+    already holds only its pieces (`units`, rapidgpt/parallel/fully_sharded.py), of which the
     parameters' names and ranks are what the weight-decay rule reads."""
     from rapidgpt.optim.distributed_optimizer import DistributedOptimizerWrapper, FullyShardedOptimizerWrapper
-    from rapidgpt.parallel.fully_sharded import fully_sharded_units
     if args.zero.stage == 3:
-        units = fully_sharded_units(model)
         owners = [_Owner(u.names[i], u.ndims[i]) for u in units for i, _, _ in u.plan.pieces]
         decays, make = _piece_optimizer(optimizer, owners, args)
         return FullyShardedOptimizerWrapper(units, lambda main: make(main, decays), args.precision, args.clip_grad)

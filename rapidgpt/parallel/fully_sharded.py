@@ -2,16 +2,18 @@
 model's parameters themselves are sharded over the data-parallel ranks, and a layer's are gathered
 whole only for the layer that computes with them.
 
-Units. `shard_model_parameters` (called once by rapidgpt/training/model_transforms.py, after the
-seeded initialisation) turns each RapidGPT cell that can compute with gathered weights into a
-unit: a decoder layer (ParallelTransformerLayer: its 12 parameters, gathered once at the top of its
-forward and handed down to its sub-layers), and each RapidGPT leaf layer outside the decoder layers
-(the word and position embeddings, the final LayerNorm, an untied output layer, a ReplicatedLinear
-head, ...: each gathers its own). A unit's cell lists its parameters with `zero3_slots()` and reads
-them through its `fully_sharded` attribute (a ShardedWeights, None when they are whole). A
-trainable parameter of any other cell cannot be sharded this way (a MindSpore graph reads a
-Parameter at its full, fixed size and has no Parameter that is a view of another, so the cell must
-take its weights as tensors): the transform then stops with an error naming it.
+Units. A unit is one RapidGPT layer that owns parameters: a `ShardableLayer` (below), which names
+its parameters in `weight_names` and reads them only through `whole_weights()`. That is all a
+layer does for ZeRO-3: `shard_model_parameters` (called once by
+rapidgpt/training/model_transforms.py, after the seeded initialisation) replaces the named
+Parameters by this rank's pieces and sets the layer's `fully_sharded` cell (a ShardedWeights),
+which `whole_weights()` then calls to gather them. Composite cells (attention, MLP, a decoder
+layer, a model) hold no ZeRO-3 code: each leaf gathers its own weights where it computes with them
+(one all-gather per leaf layer: Megatron-FSDP's and PyTorch FSDP's unit is a module the user
+chooses; here it is the leaf, so a new layer kind needs nothing but `weight_names`). A trainable
+parameter of any other cell cannot be sharded this way (a MindSpore graph reads a Parameter at its
+full, fixed size and has no Parameter that is a view of another, so the cell must take its weights
+as tensors): the transform then stops with an error naming it.
 
 Layout per unit (EvenShardPlan): each parameter flattened and cut into N equal ranges, the last
 padded with zeros; data-parallel rank r stores range r of every parameter of the unit, one 1-D piece
@@ -68,6 +70,25 @@ class FullyShardedModelError(ValueError):
     """The model holds a trainable parameter ZeRO-3 cannot shard; the message names it."""
 
 
+class ShardableLayer:
+    """Mixin for a layer that owns parameters (an nn.Cell of RapidGPT or a user's): it lists the
+    attribute names of its parameters in `weight_names` and computes with `whole_weights()` (a tuple
+    in that order) instead of reading the attributes. Whole Parameters without ZeRO-3; under ZeRO-3
+    gathered from every data-parallel rank's pieces (module docstring)."""
+
+    weight_names = ()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fully_sharded = None        # the layer's ShardedWeights under ZeRO-3 (an instance
+        # attribute: MindSpore registers a sub-cell by name and refuses one a class already has)
+
+    def whole_weights(self):
+        if self.fully_sharded is None:
+            return tuple(getattr(self, name) for name in self.weight_names)
+        return self.fully_sharded()
+
+
 class EvenShardPlan:
     """Which elements of a unit's parameters (of `shapes`) data-parallel rank `rank` of `size`
     holds: each parameter flattened and cut into `size` ranges of `widths[i]` = ceil(n_i / size)
@@ -101,7 +122,7 @@ def _ranges_of(rows, column, width, count, shape):
 
 
 class ShardedWeights(nn.Cell):
-    """`()` -> the whole parameters of a unit (a tuple in `zero3_slots` order, in the model dtype),
+    """`()` -> the whole parameters of a unit (a tuple in `weight_names` order, in the model dtype),
     gathered from every data-parallel rank's pieces. See the module docstring.
 
     `names`, `shapes`, `ndims`: the parameters'; `plan`: this rank's EvenShardPlan; `pieces`: this
@@ -154,13 +175,14 @@ class ShardedWeights(nn.Cell):
 
 
 def _units_of(model):
-    """[(cell, its parameters in zero3_slots order)] of the cells that become units: pre-order, so
-    a decoder layer claims its sub-layers' parameters before they are visited."""
-    units, claimed, inside = [], {}, set()        # claimed: parameter id -> the unit cell's name
+    """[(layer, its parameters in `weight_names` order)] of the model's ShardableLayers that train.
+    Checks that no parameter belongs to two layers, that a layer trains all or none of its
+    parameters, and that every trainable parameter belongs to one."""
+    units, claimed = [], {}                       # claimed: parameter id -> its layer's name
     for name, cell in model.cells_and_names():
-        if id(cell) in inside or not (hasattr(cell, "zero3_slots") and hasattr(cell, "fully_sharded")):
+        if not isinstance(cell, ShardableLayer):
             continue
-        params = [getattr(owner, attribute) for owner, attribute in cell.zero3_slots()]
+        params = [getattr(cell, attribute) for attribute in cell.weight_names]
         shared = next((p for p in params if id(p) in claimed), None)
         if shared is not None:
             raise FullyShardedModelError(
@@ -168,7 +190,6 @@ def _units_of(model):
                 f"{name}; ZeRO-3 shards each layer's parameters on their own, so give each layer its own "
                 f"(or pass the weight from one layer to the other, as the GPT's output layer does)")
         claimed.update((id(p), name) for p in params)
-        inside.update(id(c) for _, c in cell.cells_and_names())
         trainable = [p.requires_grad for p in params]
         if not any(trainable):
             continue                                    # frozen: kept whole, never updated
@@ -183,21 +204,22 @@ def _units_of(model):
         raise FullyShardedModelError(
             f"--zero-3-memory-optimization: the model ({type(model).__name__}) has trainable parameters outside "
             f"RapidGPT's layers ({', '.join(unshardable[:3])}{', ...' if len(unshardable) > 3 else ''}); ZeRO-3 "
-            f"shards models built of rapidgpt.parallel / rapidgpt.models.transformer layers. Build those parts "
-            f"from them, or use --zero-2-memory-optimization, which works with any model")
+            f"shards the layers of rapidgpt.parallel / rapidgpt.models.transformer and layers built on "
+            f"rapidgpt.parallel.fully_sharded.ShardableLayer. Build those parts from them, or use "
+            f"--zero-2-memory-optimization, which works with any model")
     return units
 
 
 def shard_model_parameters(model, gather_dtype=None):
     """ZeRO-3's transform: every unit's whole parameters replaced by this rank's pieces (see the
-    module docstring). Checks the whole model before changing anything. Returns [(unit's cell,
+    module docstring). Checks the whole model before changing anything. Returns [(unit's layer,
     its ShardedWeights)] in model order; `regather_in_backward` then marks those that run in a graph."""
     sharded = []
     for cell, params in _units_of(model):
         unit = ShardedWeights(params, gather_dtype)
-        for (owner, attribute), name in zip(cell.zero3_slots(), unit.names):
-            setattr(owner, attribute, None)
-            owner.zero3_names = dict(getattr(owner, "zero3_names", {}), **{attribute: name})
+        for attribute, name in zip(cell.weight_names, unit.names):
+            setattr(cell, attribute, None)
+        cell.zero3_names = dict(zip(cell.weight_names, unit.names))
         cell.fully_sharded = unit
         for piece, (i, _, _) in zip(unit.pieces, unit.plan.pieces):
             piece.name = unit.names[i]           # attaching the cell prefixed them

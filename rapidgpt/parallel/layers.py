@@ -8,14 +8,14 @@ plain linear/embedding layers.
 
 Shapes: inputs are `[..., in]` (the GPT uses `[b, s, h]`); weights are `[out, in]` as Megatron's.
 
-ZeRO-3 (rapidgpt/parallel/fully_sharded.py): a layer's `construct` also takes its weights as an
-argument (`weights`: a tuple in `zero3_slots` order), which an enclosing transformer layer passes
-after gathering them; a layer outside the transformer layers gathers its own through
-`whole_weights()` (its `fully_sharded` cell, None when its Parameters are whole).
+ZeRO-3 (rapidgpt/parallel/fully_sharded.py): each layer is a ShardableLayer, naming its
+parameters in `weight_names` and computing with `whole_weights()`, which gathers them when they
+are sharded.
 """
 from mindspore import Parameter, Tensor, nn, ops
 import numpy as np
 
+from rapidgpt.parallel.fully_sharded import ShardableLayer
 from rapidgpt.parallel.mappings import (CopyToTensorParallelRegion, GatherFromTensorParallelRegion,
                                        ReduceFromTensorParallelRegion, ScatterToTensorParallelRegion)
 from rapidgpt.parallel.random import ParamInit
@@ -48,7 +48,7 @@ def _zeros(shape, name, sharded):
     return param
 
 
-class _ParallelLinear(nn.Cell):
+class _ParallelLinear(ShardableLayer, nn.Cell):
     """`y = x W^T + b` on the last dimension, W `[out_local, in_local]`."""
 
     def __init__(self, input_size, output_size, bias, init_std, partition_dim, drawn_rows=None):
@@ -65,20 +65,13 @@ class _ParallelLinear(nn.Cell):
             column = partition_dim == 0          # a vocabulary-sized output keeps its padding mark
             self.param_inits["bias"] = ParamInit(0.0, (output_size,), 0 if column else None,
                                                  drawn_rows if column else None)
+        self.weight_names = ("weight", "bias") if bias else ("weight",)
         self.matmul = ops.MatMul(transpose_b=True)
         self.tp = tp
-        self.fully_sharded = None
 
-    def zero3_slots(self):
-        """The (cell, attribute) of each parameter, in the order `weights` arguments list them."""
-        return [(self, "weight")] + ([(self, "bias")] if self.bias is not None else [])
-
-    def whole_weights(self, weights=None):
-        """(weight, bias or None): `weights` when given, else this layer's (gathered under ZeRO-3)."""
-        if weights is None:
-            if self.fully_sharded is None:
-                return self.weight, self.bias
-            weights = self.fully_sharded()
+    def weight_and_bias(self):
+        """(weight, bias or None), gathered under ZeRO-3."""
+        weights = self.whole_weights()
         return weights[0], weights[1] if len(weights) > 1 else None
 
     def local_linear(self, x, weight):
@@ -87,8 +80,8 @@ class _ParallelLinear(nn.Cell):
         y = self.matmul(x.reshape(-1, shape[-1]), weight)
         return y.reshape(shape[:-1] + (y.shape[-1],))
 
-    def construct(self, x, weights=None):
-        weight, bias = self.whole_weights(weights)
+    def construct(self, x):
+        weight, bias = self.weight_and_bias()
         y = self.local_linear(x, weight)
         return y if bias is None else y + bias
 
@@ -109,8 +102,8 @@ class ColumnParallelLinear(_ParallelLinear):
             self.copy_to_region = CopyToTensorParallelRegion()
             self.gather_from_region = GatherFromTensorParallelRegion()
 
-    def construct(self, x, weights=None):
-        weight, bias = self.whole_weights(weights)
+    def construct(self, x):
+        weight, bias = self.weight_and_bias()
         if self.tp > 1:
             x = self.copy_to_region(x)
         y = self.local_linear(x, weight)
@@ -134,8 +127,8 @@ class RowParallelLinear(_ParallelLinear):
             self.scatter_to_region = ScatterToTensorParallelRegion()
             self.reduce_from_region = ReduceFromTensorParallelRegion()
 
-    def construct(self, x, weights=None):
-        weight, bias = self.whole_weights(weights)
+    def construct(self, x):
+        weight, bias = self.weight_and_bias()
         if self.scatter_input:
             x = self.scatter_to_region(x)
         y = self.local_linear(x, weight)
@@ -152,20 +145,7 @@ class ReplicatedLinear(_ParallelLinear):
         super().__init__(input_size, output_size, bias, init_std, partition_dim=None)
 
 
-class OneWeightLayer:
-    """For a layer whose one parameter is `weight` (an embedding table): ZeRO-3's slot list and
-    `whole_weights()`, (weight,) gathered from this rank's piece when sharded."""
-
-    def zero3_slots(self):
-        return [(self, "weight")]
-
-    def whole_weights(self, weights=None):
-        if weights is not None:
-            return weights
-        return (self.weight,) if self.fully_sharded is None else self.fully_sharded()
-
-
-class ReplicatedEmbedding(OneWeightLayer, nn.Cell):
+class ReplicatedEmbedding(ShardableLayer, nn.Cell):
     """A small table `[rows, h]` kept whole on every TP rank (learned positions, token types):
     ids `[...]` -> `[..., h]`."""
 
@@ -173,13 +153,13 @@ class ReplicatedEmbedding(OneWeightLayer, nn.Cell):
         super().__init__()
         self.weight = _zeros((num_embeddings, embedding_dim), "weight", False)
         self.param_inits = {"weight": ParamInit(init_std, (num_embeddings, embedding_dim))}
-        self.fully_sharded = None
+        self.weight_names = ("weight",)
 
     def construct(self, ids):
         return ops.gather(self.whole_weights()[0], ids, 0)
 
 
-class VocabParallelEmbedding(OneWeightLayer, nn.Cell):
+class VocabParallelEmbedding(ShardableLayer, nn.Cell):
     """Embedding table `[vocab, h]` split along the vocabulary over TP ranks: ids `[...]` -> `[..., h]`.
 
     `num_embeddings` is the padded vocabulary; only the first `real_vocab_size` rows are drawn.
@@ -196,7 +176,7 @@ class VocabParallelEmbedding(OneWeightLayer, nn.Cell):
                                                 real_vocab_size)}
         if self.tp > 1:
             self.reduce_from_region = ReduceFromTensorParallelRegion()
-        self.fully_sharded = None
+        self.weight_names = ("weight",)
 
     def construct(self, ids):
         weight = self.whole_weights()[0]

@@ -42,7 +42,8 @@ def prepare_model(model, precision, recompute, logger=None, jit=True, compile_la
     shards the parameters) and `recompute` (a RecomputeConfig), and with `compile_layers` (pipeline stages, which run their forward in
     PyNative: rapidgpt/training/pipeline_schedules.py) compile its layers and tensor-parallel
     cells (compile_pipeline_stage); with a `logger`, say what was done in one start-up line (and warn where
-    recompute cannot save memory)."""
+    recompute cannot save memory). Returns the ZeRO-3 units (the ShardedWeights of the sharded
+    layers, in model order; empty without ZeRO-3), which the optimizer wrapper updates."""
     if precision.half:
         cast_to_half(model, _HALF[precision.params_dtype])
     if fuses_on_cpu():
@@ -64,7 +65,7 @@ def prepare_model(model, precision, recompute, logger=None, jit=True, compile_la
         logger.info(f" > precision: {precision.describe()} | activation recompute: {recompute.describe()}{marked}")
         if recompute.granularity and jit and ms.get_context("device_target") == "CPU":
             logger.warning(CPU_COMPILED_RECOMPUTE)
-    return model
+    return [unit for _, unit in sharded]
 
 
 # Measured with benchmarks/bench_memory.py (MindSpore 2.10, CPU): under mindspore.jit the step's

@@ -88,8 +88,9 @@ class Trainer:
     def build_model(self, **provider_kwargs):
         """The model of model_optimizer_lr_scheduler_provider, checked, with RapidGPT's seeded,
         layout-independent values in the parameters its layers declare (before anything is
-        compiled), transformed for the run's precision and recompute, and Megatron's
-        parameter-count line; its optimizer and scheduler as returned."""
+        compiled), transformed for the run's precision, ZeRO-3 and recompute (its ZeRO-3 units
+        kept in `zero3_units` for the optimizer wrapper), and Megatron's parameter-count line; its
+        optimizer and scheduler as returned."""
         self.timers("model-and-optimizer-setup").start()
         pipelined = get_parallel_state().pipeline_model_parallel_size > 1
         if pipelined:           # Megatron's model_provider(pre_process, post_process) contract
@@ -109,7 +110,7 @@ class Trainer:
         check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
         count = sum(int(np.prod(p.shape)) for p in model.get_parameters())     # whole, before ZeRO-3
-        prepare_model(model, self.args.precision, self.args.recompute, self.logger, self.args.jit,
+        self.zero3_units = prepare_model(model, self.args.precision, self.args.recompute, self.logger, self.args.jit,
                       compile_layers=pipelined, zero=self.args.zero)
         tp_rank, _, pp_rank = get_parallel_state().coordinates()
         self.logger.info(f" > number of parameters on (tensor, pipeline) model parallel rank "
@@ -129,7 +130,7 @@ class Trainer:
                                     "`parameters` and must be callable as optimizer(grads, lr); use "
                                     "rapidgpt.optim.AdamW/SGD or return None to build one from the flags")
         self.timers("model-and-optimizer-setup").start()
-        optimizer = wrap_optimizer(optimizer, model, self.args)
+        optimizer = wrap_optimizer(optimizer, model, self.args, self.zero3_units)
         self.logger.info(optimizer.held_line())
         if scheduler is None:
             scheduler = build_lr_scheduler(self.args)

@@ -28,8 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rapidgpt.models.hf_bert import (TOKENIZER_CONFIG, VOCAB_TXT, flags_from_hf_config, hf_config_from_flags,  # noqa: E402
                                      hf_to_rapidgpt, rapidgpt_to_hf, read_hf_folder, tokenizer_flags)
-from rapidgpt.models.hf_files import (CONFIG, SAFETENSORS, HFConversionError, check_conversion_targets,  # noqa: E402
-                                      conversion_main, load_into_model, write_hf_config, write_safetensors)
+from rapidgpt.hf_conversion import check_conversion_targets, conversion_main  # noqa: E402
+from rapidgpt.models.hf_files import (CONFIG, SAFETENSORS, HFConversionError, load_into_model,  # noqa: E402
+                                      write_hf_config, write_safetensors)
 from rapidgpt.training.checkpoint_files import find_checkpoint, read_metadata  # noqa: E402
 from rapidgpt.training.checkpointing import save_checkpoint  # noqa: E402
 

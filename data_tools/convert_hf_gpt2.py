@@ -23,8 +23,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rapidgpt.models.hf_files import (CONFIG, SAFETENSORS, check_conversion_targets, conversion_main,  # noqa: E402
-                                      load_into_model, write_hf_config, write_safetensors)
+from rapidgpt.hf_conversion import check_conversion_targets, conversion_main  # noqa: E402
+from rapidgpt.models.hf_files import CONFIG, SAFETENSORS, load_into_model, write_hf_config, write_safetensors  # noqa: E402
 from rapidgpt.models.hf_gpt2 import (TOKENIZER_FILES, eod_id, flags_from_hf_config, flags_of_model,  # noqa: E402
                                      hf_config_from_flags, hf_to_rapidgpt, read_hf_folder, rapidgpt_to_hf,
                                      tokenizer_files, vocab_file_size)

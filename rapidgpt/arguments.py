@@ -20,6 +20,7 @@ from rapidgpt.config.bert import add_bert_args, check_bert_args
 from rapidgpt.config.compile_cache import add_compile_cache_args, check_compile_cache_args
 from rapidgpt.config.kernel_fusion import add_kernel_fusion_args, check_kernel_fusion_args
 from rapidgpt.config.precision import add_precision_args, check_precision_args
+from rapidgpt.config.transformer import add_architecture_args, check_architecture_args
 from rapidgpt.config.recompute import add_recompute_args, check_recompute_args
 from rapidgpt.config.zero import add_zero_args, check_zero_args
 from rapidgpt.flag_parser import ArgumentError, FlagParser, Problems, report_and_exit
@@ -34,7 +35,8 @@ def _model_args(parser):
     g.add_argument("--num-layers", type=int, default=4)
     g.add_argument("--hidden-size", type=int, default=256)
     g.add_argument("--num-attention-heads", type=int, default=4)
-    g.add_argument("--ffn-hidden-size", type=int, default=None, help="default: 4 * hidden size")
+    g.add_argument("--ffn-hidden-size", type=int, default=None,
+                   help="default: 4 * hidden size (with --swiglu: int(8/3 * hidden / 64) * 64)")
     g.add_argument("--seq-length", type=int, default=128)
     g.add_argument("--max-position-embeddings", type=int, default=None, help="default: seq length")
     g.add_argument("--vocab-size", type=int, default=None,
@@ -45,7 +47,8 @@ def _model_args(parser):
     g.add_argument("--hidden-dropout", type=float, default=0.1)
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--init-method-std", type=float, default=0.02)
-    g.add_argument("--layernorm-epsilon", type=float, default=1e-5)
+    g.add_argument("--layernorm-epsilon", "--norm-epsilon", dest="layernorm_epsilon", type=float, default=1e-5,
+                   help="epsilon of every LayerNorm/RMSNorm (Megatron's --norm-epsilon)")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
                    help="separate output layer instead of reusing the word embeddings")
 
@@ -291,7 +294,7 @@ def _engine_args(parser):
 def build_parser(extra_args_provider=None):
     parser = FlagParser(description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's "
                                     "and Rapidformer's names.")
-    for add in (_model_args, add_bert_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
+    for add in (_model_args, add_architecture_args, add_bert_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
                 _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
                 add_zero_args, add_kernel_fusion_args, add_compile_cache_args, _launcher_args, _rapidformer_args,
                 _reserved_args):
@@ -451,11 +454,7 @@ def _check_model(args, check, world_size):
         check.require(getattr(args, name) > 0,
                       f"{_flag(name)}: must be positive, got {getattr(args, name)}; give a value >= 1")
     check.require(args.eval_iters >= 0, f"--eval-iters: must be >= 0, got {args.eval_iters}")
-    if args.num_attention_heads > 0:
-        check.require(args.hidden_size % args.num_attention_heads == 0,
-                      f"--hidden-size: {args.hidden_size} is not divisible by --num-attention-heads "
-                      f"{args.num_attention_heads}; choose sizes whose heads are equal")
-    args.ffn_hidden_size = args.ffn_hidden_size or 4 * args.hidden_size
+    check_architecture_args(args, check)
     args.max_position_embeddings = args.max_position_embeddings or args.seq_length
     check.require(args.max_position_embeddings >= args.seq_length,
                   f"--max-position-embeddings: {args.max_position_embeddings} is smaller than --seq-length "
@@ -514,7 +513,8 @@ def _check_layout(args, check, world_size):
         check.require(world_size % model_parallel == 0,
                       f"--{'pipeline' if pipeline_misfits else 'tensor'}-model-parallel-size: {processes}; make "
                       f"the number of processes (--nproc-per-node x --nnodes) a multiple of {model_parallel}")
-    for flag, size in (("--num-attention-heads", args.num_attention_heads),
+    groups = [("--num-query-groups", args.num_query_groups)] if args.group_query_attention else []
+    for flag, size in (("--num-attention-heads", args.num_attention_heads), *groups,
                        ("--ffn-hidden-size", args.ffn_hidden_size)):
         check.require(size % tp == 0, f"{flag}: {size} is not divisible by --tensor-model-parallel-size "
                                       f"{tp}; each TP rank holds an equal share")

@@ -3,19 +3,24 @@ its "theoretical memory footprints" at start-up; `data_tools/estimate_memory.py`
 any flags, and every training run prints one line of it). Pure Python: it works for models far
 larger than the machine.
 
-Parameters of the built-in GPT (rapidgpt/models/gpt.py), h hidden, f FFN, V_pad the padded
-vocabulary, s_max the position embeddings, t the tensor-parallel size:
+Parameters of the built-in GPT (rapidgpt/models/gpt.py), h hidden, f FFN, a query heads in g
+query groups of d channels (--kv-channels), V_pad the padded vocabulary, s_max the position
+embeddings, t the tensor-parallel size, n(x) a norm's parameters over x channels (LayerNorm 2x,
+RMSNorm x):
 
-    a layer        QKV 3h^2 + 3h, projection h^2 + h, MLP 2hf + f + h, two LayerNorms 4h
-                   (f = 4h: 12h^2 + 13h); per TP rank the QKV, projection and MLP matrices and the
-                   QKV/fc1 biases are split by t, the other biases and the LayerNorms replicated
-    first stage    word embeddings V_pad*h (split by t), position embeddings s_max*h
-    last stage     final LayerNorm 2h; the output layer: a copy of the word embeddings (tied, kept
+    a layer        QKV h (a + 2g) d (+ (a + 2g) d bias with biases or --add-qkv-bias), projection
+                   a d h (+ h), MLP h f + f h (--swiglu: 2 h f + f h; + f or 2f and h biases), two
+                   norms 2 n(h), --qk-layernorm 2 n(d). GPT-2 (g = a, d = h / a, f = 4h, biases,
+                   LayerNorm): 12h^2 + 13h. Per TP rank the matrices and the QKV/fc1 biases are
+                   split by t, the other biases and the norms replicated
+    first stage    word embeddings V_pad*h (split by t), learned position embeddings s_max*h
+    last stage     final norm n(h); the output layer: a copy of the word embeddings (tied, kept
                    in step with the first stage's, not a parameter of its own) or V_pad*h (untied)
 
-The total is the Megatron-LM paper's P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) (Narayanan et
-al. 2021, which counts the position embeddings as s = --seq-length) plus the final LayerNorm's 2h,
-which the formula leaves out.
+For GPT-2 the total is the Megatron-LM paper's P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h))
+(Narayanan et al. 2021, which counts the position embeddings as s = --seq-length) plus the final
+LayerNorm's 2h, which the formula leaves out. Llama 3 8B's flags give 8,030,261,248,
+Qwen2.5-0.5B's 494,032,768 (tests/test_theoretical_memory.py).
 
 Model states per rank (Psi = the parameters this rank's stage holds per TP rank, N = the
 data-parallel size), the ZeRO paper's accounting (Rajbhandari et al. 2020) for what RapidGPT keeps:
@@ -37,10 +42,11 @@ Activations per rank, after Korthikanti et al. 2022 ("Reducing Activation Recomp
 Transformer Models"), for a micro-batch b, sequence s, a heads, e bytes per activation element (2
 in 16-bit runs, 4 in fp32) and 1 byte per dropout-mask element:
 
-    a layer        s b h (4e + 2) replicated over TP (LayerNorm inputs and outputs, the two
-                   hidden-dropout masks) + s b h (4e + 2 f/h e) / t (Q, K, V, the projection's
-                   input, the MLP's GeLU input and output) + a s^2 b (e + 1 + e) / t (softmax
-                   output, attention-dropout mask and output); with e = 2, f = 4h:
+    a layer        s b h (4e + 2) replicated over TP (norm inputs and outputs, the two
+                   hidden-dropout masks) + s b e ((a + 2g) d + a d + 2f) / t (Q, K, V, the
+                   projection's input, the MLP's GeLU input and output; --swiglu: 4f, the gate and
+                   up outputs, the gate's SiLU and the product) + a s^2 b (e + 1 + e) / t (softmax
+                   output, attention-dropout mask and output); for GPT-2 with e = 2:
                    s b h (10 + 24/t) + 5 a s^2 b / t, the paper's formula
     selective      the attention core is recomputed: no a s^2 b term
     full           each recomputed chunk keeps only its input s b h e; one chunk's activations are
@@ -70,6 +76,26 @@ class GPTShape:
     tied_embeddings: bool = True
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
+    num_query_groups: Optional[int] = None        # default: one per head
+    kv_channels: Optional[int] = None             # default: hidden / heads
+    swiglu: bool = False
+    add_bias_linear: bool = True
+    add_qkv_bias: bool = False
+    normalization: str = "LayerNorm"
+    qk_layernorm: bool = False
+    learned_positions: bool = True
+
+    @property
+    def groups(self):
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self):
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    def norm(self, size):
+        """A norm's parameters over `size` channels."""
+        return size if self.normalization == "RMSNorm" else 2 * size
 
 
 @dataclass(frozen=True)
@@ -127,9 +153,14 @@ class MemoryEstimate:
 
 def layer_parameters(shape, tp=1):
     """One transformer layer's parameters on one of `tp` tensor-parallel ranks."""
-    h, f = shape.hidden_size, shape.ffn_hidden_size
-    split = 3 * h * h + 3 * h + h * h + h * f + f + f * h          # QKV, projection, fc1, fc2 (+ split biases)
-    return split // tp + h + h + 4 * h                             # projection and fc2 biases, 2 LayerNorms
+    h, f, d, a = shape.hidden_size, shape.ffn_hidden_size, shape.head_dim, shape.num_attention_heads
+    qkv = (a + 2 * shape.groups) * d
+    fc1 = 2 * f if shape.swiglu else f
+    bias = shape.add_bias_linear
+    split = (h * qkv + (qkv if bias or shape.add_qkv_bias else 0)    # QKV (+ bias), split by t
+             + a * d * h + h * fc1 + (fc1 if bias else 0) + f * h)   # projection, fc1 (+ bias), fc2
+    replicated = 2 * h * bias + 2 * shape.norm(h) + (2 * shape.norm(d) if shape.qk_layernorm else 0)
+    return split // tp + replicated                  # projection and fc2 biases, the norms
 
 
 def stage_parameters(shape, stage, pp=1, tp=1):
@@ -137,9 +168,9 @@ def stage_parameters(shape, stage, pp=1, tp=1):
     h = shape.hidden_size
     count = shape.num_layers // pp * layer_parameters(shape, tp)
     if stage == 0:
-        count += shape.padded_vocab_size * h // tp + shape.max_position_embeddings * h
+        count += shape.padded_vocab_size * h // tp + shape.max_position_embeddings * h * shape.learned_positions
     if stage == pp - 1:
-        count += 2 * h
+        count += shape.norm(h)
         if pp > 1 or not shape.tied_embeddings:          # the output layer's own matrix or the copy
             count += shape.padded_vocab_size * h // tp
     return count
@@ -168,11 +199,11 @@ def model_state_bytes(psi, layout):
 def layer_activation_bytes(shape, layout, e):
     """Activations one micro-batch leaves in one layer, without recompute, on one TP rank."""
     s, b, h, a = shape.seq_length, layout.micro_batch_size, shape.hidden_size, shape.num_attention_heads
-    t = layout.tensor_parallel
+    t, d, f = layout.tensor_parallel, shape.head_dim, shape.ffn_hidden_size
     hidden_mask = 1 if shape.hidden_dropout > 0 else 0
     attention_drop = shape.attention_dropout > 0
     replicated = s * b * h * (4 * e + 2 * hidden_mask)
-    split = s * b * h * (4 * e + 2 * shape.ffn_hidden_size * e // h) / t
+    split = s * b * e * ((a + 2 * shape.groups) * d + a * d + (4 if shape.swiglu else 2) * f) / t
     scores = a * s * s * b * (e + (1 + e if attention_drop else 0)) / t
     if layout.recompute_granularity == "selective":
         scores = 0
@@ -265,7 +296,10 @@ def shape_from_args(args, vocab_size):
         padded_vocab_size=padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by,
                                             args.tensor_model_parallel_size),
         tied_embeddings=not args.untie_embeddings_and_output_weights,
-        hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout)
+        hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
+        num_query_groups=args.num_query_groups, kv_channels=args.kv_channels, swiglu=args.swiglu,
+        add_bias_linear=args.add_bias_linear, add_qkv_bias=args.add_qkv_bias, normalization=args.normalization,
+        qk_layernorm=args.qk_layernorm, learned_positions=args.position_embedding_type == "learned_absolute")
 
 
 def format_bytes(n):

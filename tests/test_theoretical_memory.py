@@ -92,15 +92,48 @@ def test_activations_follow_korthikanti_et_al():
         assert layer_activation_bytes(shape, selective, 2) == pytest.approx(s * b * h * (10 + 24 / t))
 
 
-def test_the_built_in_gpt_has_the_estimated_parameters(capsys):
+# Llama 3 8B (Megatron's examples/llama/train_llama3_8b_h100_fp8.sh) and Qwen2.5-0.5B (its
+# config.json): their published parameter counts.
+LLAMA3_8B = ["--num-layers", "32", "--hidden-size", "4096", "--ffn-hidden-size", "14336", "--num-attention-heads", "32",
+             "--group-query-attention", "--num-query-groups", "8", "--kv-channels", "128", "--seq-length", "8192",
+             "--max-position-embeddings", "8192", "--position-embedding-type", "rope", "--rotary-base", "500000",
+             "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
+             "--untie-embeddings-and-output-weights", "--vocab-size", "128256"]
+QWEN25_05B = ["--num-layers", "24", "--hidden-size", "896", "--ffn-hidden-size", "4864", "--num-attention-heads", "14",
+              "--group-query-attention", "--num-query-groups", "2", "--seq-length", "4096",
+              "--max-position-embeddings", "32768", "--position-embedding-type", "rope", "--rotary-base", "1000000",
+              "--normalization", "RMSNorm", "--norm-epsilon", "1e-6", "--swiglu", "--disable-bias-linear",
+              "--add-qkv-bias", "--vocab-size", "151936"]
+
+
+@pytest.mark.parametrize("flags, count", [(LLAMA3_8B, 8_030_261_248), (QWEN25_05B, 494_032_768)],
+                         ids=["llama3-8b", "qwen2.5-0.5b"])
+def test_parameters_of_llama_family_models(capsys, flags, count):
+    assert estimate_json(capsys, *flags)["parameters"] == count
+
+
+# Tiny models of each kind: GPT-2 tied and untied; Llama-style (RoPE, RMSNorm, SwiGLU, 6 heads in 2
+# groups, no biases, untied); Qwen2-style (q/k/v biases, tied); Qwen3-style (q/k norms, head_dim
+# 24 != 64/4, --apply-layernorm-1p with LayerNorm, learned positions off).
+TINY_KINDS = [[], ["--untie-embeddings-and-output-weights"],
+              ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
+               "--num-query-groups", "2", "--num-attention-heads", "6", "--hidden-size", "48", "--disable-bias-linear",
+               "--untie-embeddings-and-output-weights"],
+              ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
+               "--num-query-groups", "2", "--disable-bias-linear", "--add-qkv-bias"],
+              ["--position-embedding-type", "none", "--qk-layernorm", "--kv-channels", "24", "--apply-layernorm-1p",
+               "--group-query-attention", "--num-query-groups", "1"]]
+
+
+@pytest.mark.parametrize("kind", TINY_KINDS, ids=["gpt2", "gpt2-untied", "llama", "qwen2", "qwen3"])
+def test_the_built_in_gpt_has_the_estimated_parameters(capsys, kind):
     from rapidgpt.arguments import parse_args
     from rapidgpt.models.gpt import build_gpt_model
-    for untie in ([], ["--untie-embeddings-and-output-weights"]):
-        flags = ["--num-layers", "3", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-                 "--max-position-embeddings", "48", "--ffn-hidden-size", "96", "--vocab-size", "300", *untie]
-        model = build_gpt_model(parse_args(argv=flags + ["--train-iters", "1"]), 300)
-        real = sum(math.prod(p.shape) for p in model.get_parameters())
-        assert estimate_json(capsys, *flags)["parameters"] == real
+    flags = ["--num-layers", "3", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--max-position-embeddings", "48", "--ffn-hidden-size", "96", "--vocab-size", "300", *kind]
+    model = build_gpt_model(parse_args(argv=flags + ["--train-iters", "1"]), 300)
+    real = sum(math.prod(p.shape) for p in model.get_parameters())
+    assert estimate_json(capsys, *flags)["parameters"] == real
 
 
 def test_bad_flags_are_named(capsys):

@@ -259,7 +259,7 @@ def test_zero_3_steps_a_users_model_of_rapidgpt_layers_as_the_unsharded_wrapper(
 
     from rapidgpt.config.precision import PrecisionConfig
     from rapidgpt.config.zero import ZeroConfig
-    from rapidgpt.models.transformer import LayerNorm
+    from rapidgpt.models.norms import LayerNorm
     from rapidgpt.optim import AdamW, OptimizerWrapper
     from rapidgpt.optim.mixed_precision import wrap_optimizer
     from rapidgpt.optim.distributed_optimizer import FullyShardedOptimizerWrapper

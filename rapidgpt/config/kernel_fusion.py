@@ -48,7 +48,7 @@ work is an error naming the reason.
 LayerNorm: MindSpore's CPU LayerNorm kernels are slow (forward and backward of `[1024, 256]`:
 7.3-8.7 ms; the same as fused elementwise ops and reductions: 1.75 ms). Where fusion is on on the CPU,
 RapidGPT's LayerNorm is therefore written as those ops (`composite_layer_norm` in
-rapidgpt/models/transformer.py, switched on by rapidgpt/training/model_transforms.py): the bench
+rapidgpt/models/norms.py, switched on by rapidgpt/training/model_transforms.py): the bench
 model's step ran 13-16% faster (benchmarks/bench_pretrain.py --only rapidgpt, alternating runs).
 Not used: MindSpore's own expansion of its LayerNorm kernels into such ops
 (`MS_DEV_GRAPH_KERNEL_FLAGS=--enable_expand_ops=LayerNorm,LayerNormGrad`; 1.3 ms): with MindSpore 2.10 it

@@ -28,14 +28,16 @@ Initialisation: normal(0, --init-method-std), output projections of each layer s
 1/sqrt(2 * layers) as Megatron's, LayerNorms 1/0, biases 0; seeded by name, so the same for
 every layout.
 """
-import copy
+import dataclasses
 from collections import OrderedDict
 
 import mindspore as ms
 from mindspore import nn, ops
 
 from rapidgpt.models.gpt import LanguageModelHead, LanguageModelStage, padded_vocab_size_of, stage_word_embeddings
-from rapidgpt.models.transformer import LayerNorm, ParallelAttention, ParallelMLP, TransformerConfig, TransformerLayers
+from rapidgpt.config.transformer import TransformerConfig
+from rapidgpt.models.norms import LayerNorm
+from rapidgpt.models.transformer import ParallelAttention, ParallelMLP, TransformerLayers
 from rapidgpt.parallel.fully_sharded import ShardableLayer
 from rapidgpt.parallel.layers import ReplicatedEmbedding, ReplicatedLinear, _zeros, divide
 from rapidgpt.parallel.random import Dropout, ParamInit, graph_arange
@@ -46,10 +48,7 @@ NUM_TOKENTYPES = 2
 
 def bert_config(config):
     """A copy of a TransformerConfig made BERT's: bidirectional attention, exact GELU."""
-    config = copy.copy(config)
-    config.causal = False
-    config.activation = "gelu"
-    return config
+    return dataclasses.replace(config, causal=False, activation="gelu")
 
 
 class BertLayer(nn.Cell):
@@ -65,8 +64,8 @@ class BertLayer(nn.Cell):
         self.post_attention_dropout = Dropout(config.hidden_dropout)
         self.post_mlp_dropout = Dropout(config.hidden_dropout)
 
-    def construct(self, x, attention_mask=None):
-        x = self.post_attention_layernorm(x + self.post_attention_dropout(self.self_attention(x, attention_mask)))
+    def construct(self, x, attention_mask=None, rotary=None):
+        x = self.post_attention_layernorm(x + self.post_attention_dropout(self.self_attention(x, attention_mask, rotary)))
         return self.post_mlp_layernorm(x + self.post_mlp_dropout(self.mlp(x)))
 
 
@@ -194,11 +193,11 @@ def bert_loss_func(loss_mask, sentence_order, output_tensor):
 
 def build_bert_model(args, vocab_size, pre_process=None, post_process=None, add_lm_head=True):
     """The built-in BERT from the model flags (binary head unless --bert-no-binary-head)."""
-    return BertModel(TransformerConfig(args), vocab_size, padded_vocab_size_of(args, vocab_size),
+    return BertModel(TransformerConfig.from_args(args), vocab_size, padded_vocab_size_of(args, vocab_size),
                      add_binary_head=args.bert_binary_head, add_lm_head=add_lm_head,
                      pre_process=pre_process, post_process=post_process)
 
 
 def build_bert_classifier(args, vocab_size):
     """The built-in BERT from the model flags with a classifier of `args.num_classes` classes."""
-    return BertSequenceClassifier(TransformerConfig(args), vocab_size, padded_vocab_size_of(args, vocab_size), args.num_classes)
+    return BertSequenceClassifier(TransformerConfig.from_args(args), vocab_size, padded_vocab_size_of(args, vocab_size), args.num_classes)

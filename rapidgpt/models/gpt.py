@@ -1,4 +1,6 @@
-"""GPT: learned token + position embeddings, pre-LayerNorm decoder layers, tied output layer.
+"""GPT (Megatron-core's GPTModel): token embeddings with learned positions or rotary ones
+(--position-embedding-type), pre-norm decoder layers (rapidgpt/models/transformer.py: GPT-2 by
+default, the Llama family by flags), a final norm, the output layer tied to the embeddings or not.
 
 `GPTModel(tokens [b, s], position_ids=None, attention_mask=None, labels=None)` returns, as
 Megatron's GPTModel does, the per-token cross-entropy `[b, s]` when labels are given, otherwise
@@ -21,7 +23,10 @@ from collections import OrderedDict
 import mindspore as ms
 from mindspore import nn, ops
 
-from rapidgpt.models.transformer import LayerNorm, ParallelTransformerLayer, TransformerConfig, TransformerLayers
+from rapidgpt.config.transformer import TransformerConfig
+from rapidgpt.models.norms import build_norm
+from rapidgpt.models.rotary import RotaryEmbedding
+from rapidgpt.models.transformer import ParallelTransformerLayer, TransformerLayers
 from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy, cross_entropy
 from rapidgpt.parallel.layers import ColumnParallelLinear, ReplicatedEmbedding, VocabParallelEmbedding
 from rapidgpt.parallel.mappings import CopyToTensorParallelRegion, GatherFromTensorParallelRegion
@@ -76,12 +81,15 @@ class GPTModel(LanguageModelStage):
         if self.pre_process or (self.post_process and not self.untied):
             self.word_embeddings = stage_word_embeddings(padded_vocab_size, vocab_size, h, std, self.pre_process,
                                                          tied_to_output=not self.untied)
+        self.learned_positions = config.position_embedding_type == "learned_absolute"
         if self.pre_process:
-            self.position_embeddings = ReplicatedEmbedding(config.max_position_embeddings, h, std)
+            if self.learned_positions:
+                self.position_embeddings = ReplicatedEmbedding(config.max_position_embeddings, h, std)
             self.embedding_dropout = Dropout(config.hidden_dropout)
+        self.rotary = RotaryEmbedding(config) if config.position_embedding_type == "rope" else None
         self.layers = TransformerLayers(OrderedDict((str(i), ParallelTransformerLayer(config)) for i in self.stage_layers))
         if self.post_process:
-            self.final_layernorm = LayerNorm((h,), epsilon=config.layernorm_epsilon)
+            self.final_layernorm = build_norm(config, h)
             self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
                                                       drawn_rows=vocab_size) if self.untied else None)
             self.head = LanguageModelHead(vocab_size, padded_vocab_size)
@@ -93,16 +101,20 @@ class GPTModel(LanguageModelStage):
     def hidden_states(self, tokens, position_ids=None, attention_mask=None):
         """This stage's output `[b, s, h]`: after the final LayerNorm on the last stage (for heads
         such as classification), the last layer's output on the others."""
+        if position_ids is None and (self.rotary is not None or (self.pre_process and self.learned_positions)):
+            position_ids = graph_arange(0, tokens.shape[1])           # [s], same for each row (ops.arange
+            # runs interpreted Python inside a graph, which MindSpore then warns about)
         if self.pre_process:
-            if position_ids is None:
-                position_ids = graph_arange(0, tokens.shape[1])       # [s], same for each row (ops.arange
-                # runs interpreted Python inside a graph, which MindSpore then warns about)
-            x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)   # [b, s, h]
-            x = self.embedding_dropout(x)
+            x = self.embedding_dropout(self.embed(tokens, position_ids))
         else:
             x = self.input_tensor
-        x = self.layers(x, attention_mask)
+        x = self.layers(x, attention_mask, None if self.rotary is None else self.rotary(position_ids))
         return self.final_layernorm(x) if self.post_process else x
+
+    def embed(self, tokens, position_ids):
+        """`[b, s]` -> `[b, s, h]`: the word embeddings, plus the learned positions' when there are."""
+        x = self.word_embeddings(tokens)
+        return x + self.position_embeddings(position_ids) if self.learned_positions else x
 
     def logits(self, x):
         """`[b, s, h]` final hidden states -> `[b*s, vocab]` logits over the true vocabulary."""
@@ -111,10 +123,11 @@ class GPTModel(LanguageModelStage):
     def decode(self, tokens, position_ids, past=None):
         """Generation step with a key/value cache: logits `[b, s_new, vocab]` of the new tokens and
         the cache to pass next time (one (k, v) per layer). Only the new tokens are computed."""
-        x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)
+        x = self.embed(tokens, position_ids)
+        rotary = None if self.rotary is None else self.rotary(position_ids)
         presents = []
         for i, layer in enumerate(self.layers):
-            x, present = layer.decode(x, None if past is None else past[i])
+            x, present = layer.decode(x, None if past is None else past[i], rotary)
             presents.append(present)
         x = self.final_layernorm(x)
         return self.logits(x).reshape(x.shape[0], x.shape[1], self.vocab_size), presents
@@ -197,5 +210,5 @@ def padded_vocab_size_of(args, vocab_size):
 def build_gpt_model(args, vocab_size, pre_process=None, post_process=None):
     """The built-in GPT from the model flags (`vocab_size`: the tokenizer's or --vocab-size); this
     rank's pipeline stage unless `pre_process`/`post_process` say otherwise."""
-    return GPTModel(TransformerConfig(args), vocab_size, padded_vocab_size_of(args, vocab_size),
+    return GPTModel(TransformerConfig.from_args(args), vocab_size, padded_vocab_size_of(args, vocab_size),
                     args.untie_embeddings_and_output_weights, pre_process, post_process)

@@ -224,67 +224,9 @@ def converter_for(hf_dir):
     return hf_gpt2
 
 
-# ---- the converters' command line (data_tools/convert_hf_*.py) ----------------------------------
-
-def check_conversion_targets(save=None, hf_dir=None, load=None):
-    """Refuse to overwrite: `save` must not hold a RapidGPT checkpoint, `hf_dir` (written) no
-    weights; `load` must exist."""
-    from rapidgpt.training.checkpoint_files import LATEST
-    if save is not None and os.path.exists(os.path.join(save, LATEST)):
-        raise HFConversionError(f"--save {save} already holds a RapidGPT checkpoint; give an empty or new folder")
-    if hf_dir is not None and os.path.isfile(os.path.join(hf_dir, SAFETENSORS)):
-        raise HFConversionError(f"--hf-dir {hf_dir} already holds a {SAFETENSORS}; give an empty or new folder")
-    if load is not None and not os.path.isdir(load):
-        raise HFConversionError(f"--load {load}: no such directory")
-
-
 def write_hf_config(hf_dir, config):
     """config.json (sorted keys, as save_pretrained writes it) in `hf_dir`, created if needed."""
     os.makedirs(hf_dir, exist_ok=True)
     with open(os.path.join(hf_dir, CONFIG), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
         f.write("\n")
-
-
-def conversion_main(prog, family, description, hf_to_checkpoint, checkpoint_to_hf, summary, argv=None):
-    """The command line of a converter script for one model `family` ("GPT-2", "BERT"):
-    `--hf-dir D --save OUT` runs `hf_to_checkpoint(D, OUT, ckpt_format, divisible_by) -> (path,
-    flags, notes)`, `--to-hf --load CKPT --hf-dir D` runs `checkpoint_to_hf(CKPT, D) -> (flags,
-    notes)`; then the notes on stderr and `summary(flags)` after "wrote ...". A user error (bad
-    folder, checkpoint or flag) is one line and exit status 1."""
-    import argparse
-    import sys
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--hf-dir", required=True,
-                        help=f"Hugging Face {family} folder: read (default) or written (--to-hf)")
-    parser.add_argument("--save", help="HF -> RapidGPT: checkpoint folder to write")
-    parser.add_argument("--to-hf", action="store_true", help="RapidGPT -> HF instead")
-    parser.add_argument("--load", help="--to-hf: RapidGPT checkpoint folder to read")
-    parser.add_argument("--ckpt-format", choices=["ckpt", "safetensors"], default="ckpt",
-                        help="HF -> RapidGPT: MindSpore weight file format")
-    parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
-                        help="HF -> RapidGPT: pad the vocabulary rows to a multiple of this")
-    args = parser.parse_args(argv)
-    if args.to_hf and not args.load:
-        parser.error("--to-hf needs --load DIR (the RapidGPT checkpoint to export)")
-    if not args.to_hf and not args.save:
-        parser.error("give --save DIR (HF -> RapidGPT) or --to-hf --load DIR (RapidGPT -> HF)")
-    if args.make_vocab_size_divisible_by < 1:
-        parser.error("--make-vocab-size-divisible-by must be >= 1")
-    try:
-        if args.to_hf:
-            flags, notes = checkpoint_to_hf(args.load, args.hf_dir)
-            done = f"wrote {args.hf_dir} ({CONFIG} + {SAFETENSORS})"
-        else:
-            path, flags, notes = hf_to_checkpoint(args.hf_dir, args.save, args.ckpt_format,
-                                                  args.make_vocab_size_divisible_by)
-            done = f"wrote {path}"
-    except (UserError, OSError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
-    for note in notes:
-        print(note, file=sys.stderr)
-    print(f"{done}: {family} with {flags['num_layers']} layers, hidden {flags['hidden_size']}, "
-          f"{flags['num_attention_heads']} heads, vocabulary {flags['vocab_size']}, "
-          f"{flags['max_position_embeddings']} positions{summary(flags)}")
-    return 0

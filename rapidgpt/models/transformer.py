@@ -1,23 +1,34 @@
-"""GPT's decoder layer from tensor-parallel layers: pre-LayerNorm attention and MLP blocks.
+"""The built-in decoder (and, with rapidgpt/models/bert.py, encoder) layer from tensor-parallel
+layers, shaped by a TransformerConfig (rapidgpt/config/transformer.py): GPT-2 by default, the Llama
+family (RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases, q/k norms) by Megatron's flags.
 
-Layout: hidden states are `[b, s, h]` (batch, sequence, hidden). Each layer computes
+Layout: hidden states are `[b, s, h]` (batch, sequence, hidden). Each decoder layer computes
 
-    x = x + dropout(attention(layernorm(x)))
-    x = x + dropout(mlp(layernorm(x)))
+    x = x + dropout(attention(norm(x)))
+    x = x + dropout(mlp(norm(x)))
 
-Attention: one ColumnParallelLinear makes q, k, v for this rank's heads, laid out per head as
-`[np, 3, hn]` (Megatron's order, so a TP split of the output keeps each head's q, k and v
-together); the core attention (its own cell, what selective recompute recomputes): scores
-`q k^T / sqrt(hn)` get the causal mask (and, with --reset-attention-mask, the batch's document
-mask) filled with -10000 as Megatron does, softmax (in fp32 for fp32 models and with
---attention-softmax-in-fp32, else in the model's 16-bit dtype, as Megatron), attention dropout,
-probabilities x values; then the RowParallelLinear output projection. Dropout is rapidgpt.parallel.random.Dropout: its
-masks survive a resume and do not depend on the TP layout. MLP: ColumnParallelLinear h -> ffn, tanh-GELU
-(GPT-2's `gelu_new`), RowParallelLinear ffn -> h. Output projections use Megatron's scaled init
-std / sqrt(2 * num_layers).
+Attention (np query heads of hn = --kv-channels channels in ng = --num-query-groups groups, r =
+np / ng query heads per group): one ColumnParallelLinear makes q, k, v, its rows laid out per group
+as `[ng, r + 2, hn]` -- the group's r query heads, its key head, its value head (Megatron-core's
+order; with ng = np that is `[np, 3, hn]`). A TP split of the rows keeps each group whole, so
+--num-query-groups must be divisible by TP. Query head j of group g is head g * r + j, which uses
+the group's key/value (transformers' `repeat_kv`). With --qk-layernorm each head's q and k are
+normalised over hn, then rotated (RoPE, rapidgpt/models/rotary.py); the core attention (its own
+cell, what selective recompute recomputes): scores `q k^T / sqrt(hn)` get the causal mask (and,
+with --reset-attention-mask, the batch's document mask) filled with -10000 as Megatron does,
+softmax (in fp32 for fp32 models and with --attention-softmax-in-fp32, else in the model's 16-bit
+dtype, as Megatron), attention dropout, probabilities x values; then the RowParallelLinear output
+projection np * hn -> h. Dropout is rapidgpt.parallel.random.Dropout: its masks survive a resume
+and do not depend on the TP layout.
 
-Mixed precision: in a 16-bit model every matrix product runs in 16-bit, while LayerNorm computes
-in fp32 (`LayerNorm` below) and the GPT's loss too (rapidgpt/models/gpt.py).
+MLP: ColumnParallelLinear h -> ffn, tanh-GELU (GPT-2's `gelu_new`; BERT: exact GELU),
+RowParallelLinear ffn -> h; with --swiglu the up projection holds two stacked matrices `[2, ffn,
+h]` (gate, then up; split together over TP) and the MLP is `down(silu(x W_gate) * (x W_up))`.
+Output projections use Megatron's scaled init std / sqrt(2 * num_layers). --disable-bias-linear
+drops the linear layers' biases (--add-qkv-bias keeps the q/k/v one).
+
+Mixed precision: in a 16-bit model every matrix product runs in 16-bit, while the norms compute
+in fp32 (rapidgpt/models/norms.py) and the GPT's loss too (rapidgpt/models/gpt.py).
 
 ZeRO-3 (rapidgpt/parallel/fully_sharded.py): every layer here that owns parameters is a
 ShardableLayer and gathers its own weights (`whole_weights()`); the composite cells hold no
@@ -29,72 +40,11 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 import mindspore as ms
 
-from rapidgpt.parallel.fully_sharded import ShardableLayer
+from rapidgpt.models.norms import build_norm
+from rapidgpt.models.rotary import apply_rotary
 from rapidgpt.parallel.layers import ColumnParallelLinear, RowParallelLinear, divide
 from rapidgpt.parallel.random import Dropout
 from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
-
-
-class TransformerConfig:
-    """The architecture flags a transformer needs (read from the args namespace)."""
-
-    def __init__(self, args):
-        self.num_layers = args.num_layers
-        self.hidden_size = args.hidden_size
-        self.num_attention_heads = args.num_attention_heads
-        self.ffn_hidden_size = args.ffn_hidden_size
-        self.seq_length = args.seq_length
-        self.max_position_embeddings = args.max_position_embeddings
-        self.hidden_dropout = args.hidden_dropout
-        self.attention_dropout = args.attention_dropout
-        self.init_method_std = args.init_method_std
-        self.layernorm_epsilon = args.layernorm_epsilon
-        self.attention_softmax_in_fp32 = getattr(args, "attention_softmax_in_fp32", False)
-        # GPT's; BERT (rapidgpt/models/bert.py) sets bidirectional attention and the exact GELU.
-        self.causal = True
-        self.activation = "gelu_tanh"
-
-    @property
-    def output_init_std(self):
-        return self.init_method_std / math.sqrt(2.0 * self.num_layers)
-
-
-def composite_layer_norm(x, gamma, beta, epsilon):
-    """LayerNorm over the last axis of `x` `[..., h]` written as the ops it is made of (mean,
-    biased variance, normalisation, scale and shift), so that graph kernel fusion fuses it and its
-    gradient into generated kernels. Why (MindSpore 2.10, CPU): its LayerNorm kernels are slow
-    (forward and backward of `[1024, 256]`: 7.3-8.7 ms, this form fused: 1.75 ms; `[2048, 768]`: ~32
-    ms for the kernel's backward alone), ~9% of the bench model's step. MindSpore's own expansion of
-    those kernels (rapidgpt/config/kernel_fusion.py) computes a wrong forward at TP=2 with
-    recompute; this form does not (the TP-with-recompute, pipeline and ZeRO equivalence tests hold
-    with it)."""
-    mean = x.mean(-1, keep_dims=True)
-    centred = x - mean
-    variance = (centred * centred).mean(-1, keep_dims=True)
-    return centred * ops.rsqrt(variance + epsilon) * gamma + beta
-
-
-class LayerNorm(ShardableLayer, nn.LayerNorm):
-    """mindspore.nn.LayerNorm (same parameters, `gamma` and `beta`) computed in fp32 whatever the
-    input and parameter dtype, the result in the input's dtype: Megatron's fused LayerNorm
-    semantics for 16-bit models. A no-op cast in fp32 models. `composite` (set where the CPU step is fused,
-    rapidgpt/training/model_transforms.py): fp32 LayerNorm as `composite_layer_norm` instead of
-    MindSpore's kernel -- the same formula, rounded differently (~1e-7 relative)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.weight_names = ("gamma", "beta")
-        self.composite = False
-
-    def construct(self, x):
-        gamma, beta = self.whole_weights()
-        if x.dtype == ms.float32 and gamma.dtype == ms.float32:      # decided while compiling
-            if self.composite:
-                return composite_layer_norm(x, gamma, beta, self.epsilon)
-            y, _, _ = self.layer_norm(x, gamma, beta)
-            return y
-        y, _, _ = self.layer_norm(x.astype(ms.float32), gamma.astype(ms.float32), beta.astype(ms.float32))
-        return y.astype(x.dtype)
 
 
 def mask_scores(scores, mask):
@@ -130,33 +80,62 @@ class CoreAttention(nn.Cell):
 
 
 class ParallelAttention(nn.Cell):
+    """Self-attention over `x` `[b, s, h]` -> `[b, s, h]` (module docstring: layout, GQA, RoPE)."""
+
     def __init__(self, config):
         super().__init__()
         tp = get_tensor_model_parallel_world_size()
         self.heads_per_rank = divide(config.num_attention_heads, tp, "number of attention heads")
-        self.head_dim = config.hidden_size // config.num_attention_heads
-        self.query_key_value = ColumnParallelLinear(config.hidden_size, 3 * config.hidden_size,
+        self.groups_per_rank = divide(config.num_query_groups, tp, "number of query groups")
+        self.heads_per_group = config.num_attention_heads // config.num_query_groups
+        self.head_dim = hn = config.kv_channels
+        qkv_rows = config.num_query_groups * (self.heads_per_group + 2) * hn
+        self.query_key_value = ColumnParallelLinear(config.hidden_size, qkv_rows, bias=config.qkv_bias,
                                                     init_std=config.init_method_std)
-        self.dense = RowParallelLinear(config.hidden_size, config.hidden_size,
-                                       init_std=config.output_init_std)
-        self.core_attention = CoreAttention(config, self.head_dim)
+        self.dense = RowParallelLinear(config.num_attention_heads * hn, config.hidden_size,
+                                       bias=config.add_bias_linear, init_std=config.output_init_std)
+        self.qk_layernorm = config.qk_layernorm
+        if config.qk_layernorm:          # this rank's heads only: gradients summed over TP
+            self.q_layernorm = build_norm(config, hn, summed_over_tp=True)
+            self.k_layernorm = build_norm(config, hn, summed_over_tp=True)
+        self.rotary_interleaved = config.rotary_interleaved
+        self.core_attention = CoreAttention(config, hn)
         n = config.max_position_embeddings
         self.causal = config.causal
         self.causal_mask = Tensor(np.triu(np.ones((1, 1, n, n), bool), k=1))   # True = masked
 
-    def heads(self, x):
-        """q, k, v `[b, np, s, hn]` of this rank's heads."""
+    def heads(self, x, rotary=None):
+        """q `[b, np, s, hn]` of this rank's heads, k and v `[b, ng, s, hn]` of its groups;
+        normalised (--qk-layernorm) and rotated (`rotary`: (cos, sin), or None)."""
         b, s, _ = x.shape
-        qkv = self.query_key_value(x).reshape(b, s, self.heads_per_rank, 3 * self.head_dim)
+        r, hn = self.heads_per_group, self.head_dim
+        qkv = self.query_key_value(x).reshape(b, s, self.groups_per_rank, (r + 2) * hn)
         # A split of the last axis, not qkv[..., i, :] slices: MindSpore's CPU StridedSlice kernel
         # copies element by element (~4x slower here, benchmarks/bench_pretrain.py's profile).
-        q, k, v = ops.split(qkv, self.head_dim, axis=-1)                         # [b, s, np, hn]
-        return q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        q, k, v = ops.split(qkv, hn if r == 1 else [r * hn, hn, hn], axis=-1)
+        if r > 1:
+            q = q.reshape(b, s, self.heads_per_rank, hn)
+        q = q.transpose(0, 2, 1, 3)                                             # [b, np, s, hn]
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)                # [b, ng, s, hn]
+        if self.qk_layernorm:
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
+        if rotary is not None:
+            q = apply_rotary(q, *rotary, self.rotary_interleaved)
+            k = apply_rotary(k, *rotary, self.rotary_interleaved)
+        return q, k, v
 
-    def construct(self, x, attention_mask=None):
-        """`attention_mask`
-        (True = hidden) is added to the causal mask, or is the whole mask when not causal
-        (BERT's padding mask `[b, 1, 1, s]`: every query sees every real key)."""
+    def attend(self, q, k, v, mask):
+        """The core attention over the groups' k, v `[b, ng, sk, hn]` shared by their query heads."""
+        if self.heads_per_group > 1:
+            b, ng, sk, hn = k.shape
+            shape = (b, ng, self.heads_per_group, sk, hn)
+            k = ops.broadcast_to(ops.expand_dims(k, 2), shape).reshape(b, -1, sk, hn)
+            v = ops.broadcast_to(ops.expand_dims(v, 2), shape).reshape(b, -1, sk, hn)
+        return self.dense(self.core_attention(q, k, v, mask))
+
+    def construct(self, x, attention_mask=None, rotary=None):
+        """`attention_mask` (True = hidden) is added to the causal mask, or is the whole mask when
+        not causal (BERT's padding mask `[b, 1, 1, s]`: every query sees every real key)."""
         s = x.shape[1]
         if not self.causal:
             mask = attention_mask
@@ -164,68 +143,77 @@ class ParallelAttention(nn.Cell):
             mask = self.causal_mask[:, :, :s, :s]
         else:
             mask = ops.logical_or(self.causal_mask[:, :, :s, :s], attention_mask)
-        return self.dense(self.core_attention(*self.heads(x), mask))
+        return self.attend(*self.heads(x, rotary), mask)
 
-    def decode(self, x, past=None):
+    def decode(self, x, past=None, rotary=None):
         """Incremental attention for generation: x `[b, s_new, h]` after `past` = (k, v) of the
-        earlier positions (None: none). Returns (output, (k, v) including the new positions)."""
-        q, k, v = self.heads(x)
+        earlier positions, `[b, ng, s_past, hn]` each (None: none). Returns (output, (k, v)
+        including the new positions)."""
+        q, k, v = self.heads(x, rotary)
         if past is not None:
             k, v = ops.cat((past[0], k), axis=2), ops.cat((past[1], v), axis=2)
         total, new = k.shape[2], x.shape[1]
         mask = self.causal_mask[:, :, total - new:total, :total]
-        return self.dense(self.core_attention(q, k, v, mask)), (k, v)
+        return self.attend(q, k, v, mask), (k, v)
 
 
 class ParallelMLP(nn.Cell):
+    """`[b, s, h]` -> `[b, s, h]`: GELU MLP, or SwiGLU with --swiglu (module docstring)."""
+
     def __init__(self, config):
         super().__init__()
-        self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, config.ffn_hidden_size,
-                                                  init_std=config.init_method_std)
+        self.swiglu = config.swiglu
+        stacked = 2 if config.swiglu else 1
+        self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, stacked * config.ffn_hidden_size,
+                                                  bias=config.add_bias_linear, init_std=config.init_method_std,
+                                                  stacked=stacked)
         self.dense_4h_to_h = RowParallelLinear(config.ffn_hidden_size, config.hidden_size,
-                                               init_std=config.output_init_std)
+                                               bias=config.add_bias_linear, init_std=config.output_init_std)
         self.approximate = {"gelu_tanh": "tanh", "gelu": "none"}[config.activation]
 
     def construct(self, x):
         h = self.dense_h_to_4h(x)
+        if self.swiglu:
+            gate, up = ops.split(h, h.shape[-1] // 2, axis=-1)
+            return self.dense_4h_to_h(ops.silu(gate) * up)
         return self.dense_4h_to_h(ops.gelu(h, approximate=self.approximate))
 
 
 class ParallelTransformerLayer(nn.Cell):
-    """GPT's pre-LayerNorm decoder layer (see the module docstring)."""
+    """The pre-norm decoder layer (see the module docstring): `(x [b, s, h], attention_mask,
+    rotary) -> [b, s, h]`."""
 
     def __init__(self, config):
         super().__init__()
-        eps = config.layernorm_epsilon
-        self.input_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
+        self.input_layernorm = build_norm(config, config.hidden_size)
         self.self_attention = ParallelAttention(config)
-        self.post_attention_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
+        self.post_attention_layernorm = build_norm(config, config.hidden_size)
         self.mlp = ParallelMLP(config)
         # Two cells, so the two residual branches draw different masks.
         self.post_attention_dropout = Dropout(config.hidden_dropout)
         self.post_mlp_dropout = Dropout(config.hidden_dropout)
 
-    def construct(self, x, attention_mask=None):
-        x = x + self.post_attention_dropout(self.self_attention(self.input_layernorm(x), attention_mask))
+    def construct(self, x, attention_mask=None, rotary=None):
+        x = x + self.post_attention_dropout(self.self_attention(self.input_layernorm(x), attention_mask, rotary))
         return x + self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(x)))
 
-    def decode(self, x, past=None):
+    def decode(self, x, past=None, rotary=None):
         """The layer with cached keys/values (generation, eval mode); returns (x, present)."""
-        attention, present = self.self_attention.decode(self.input_layernorm(x), past)
+        attention, present = self.self_attention.decode(self.input_layernorm(x), past, rotary)
         x = x + attention
         return x + self.mlp(self.post_attention_layernorm(x)), present
 
 
 class TransformerLayers(nn.SequentialCell):
     """A model's (or pipeline stage's) decoder layers, run in order:
-    `(x [b, s, h], attention_mask) -> [b, s, h]`. Built from an OrderedDict keyed by each layer's
+    `(x [b, s, h], attention_mask, rotary (cos, sin) or None) -> [b, s, h]`. Built from an OrderedDict keyed by each layer's
     global index, so `layers.5.mlp...` keeps its name at every pipeline size. One cell for all of
     them so that a pipeline stage compiles its layers as one graph, inside which MindSpore's
     activation recompute works as in the non-pipelined step (rapidgpt/training/model_transforms.py).
     """
 
-    def construct(self, x, attention_mask=None):
+    def construct(self, x, attention_mask=None, rotary=None):
         for layer in self.cell_list:
-            x = layer(x, attention_mask)
+            x = layer(x, attention_mask, rotary)
         return x
 

@@ -49,30 +49,42 @@ def _zeros(shape, name, sharded):
 
 
 class _ParallelLinear(ShardableLayer, nn.Cell):
-    """`y = x W^T + b` on the last dimension, W `[out_local, in_local]`."""
+    """`y = x W^T + b` on the last dimension, W `[out_local, in_local]`; with `stacked` = k > 1
+    (column-parallel only) W is `[k, out / k, in]`, k matrices split along their rows together, so
+    each rank's output is its rows of every one: `[..., k * out / (k * tp)]`, k blocks in order."""
 
-    def __init__(self, input_size, output_size, bias, init_std, partition_dim, drawn_rows=None):
+    def __init__(self, input_size, output_size, bias, init_std, partition_dim, drawn_rows=None, stacked=1):
         super().__init__()
         tp = get_tensor_model_parallel_world_size()
         self.input_size, self.output_size = input_size, output_size
         out_local = divide(output_size, tp, "output size") if partition_dim == 0 else output_size
         in_local = divide(input_size, tp, "input size") if partition_dim == 1 else input_size
-        self.weight = _zeros((out_local, in_local), "weight", partition_dim is not None)
-        self.bias = _zeros((out_local if partition_dim == 0 else output_size,), "bias",
+        lead = (stacked,) if stacked > 1 else ()           # [k, rows, in]: split along the rows
+        rows = divide(out_local, stacked, "output size") if stacked > 1 else out_local
+        split = partition_dim + len(lead) if partition_dim is not None else None
+        self.weight = _zeros(lead + (rows, in_local), "weight", partition_dim is not None)
+        self.bias = _zeros(lead + ((rows,) if partition_dim == 0 else (output_size,)), "bias",
                            partition_dim == 0) if bias else None
-        self.param_inits = {"weight": ParamInit(init_std, (output_size, input_size), partition_dim, drawn_rows)}
+        full_rows = output_size // stacked
+        self.param_inits = {"weight": ParamInit(init_std, lead + (full_rows, input_size), split, drawn_rows)}
         if bias:
             column = partition_dim == 0          # a vocabulary-sized output keeps its padding mark
-            self.param_inits["bias"] = ParamInit(0.0, (output_size,), 0 if column else None,
+            self.param_inits["bias"] = ParamInit(0.0, lead + (full_rows,), len(lead) if column else None,
                                                  drawn_rows if column else None)
+        self.stacked = stacked
         self.weight_names = ("weight", "bias") if bias else ("weight",)
         self.matmul = ops.MatMul(transpose_b=True)
         self.tp = tp
 
     def weight_and_bias(self):
-        """(weight, bias or None), gathered under ZeRO-3."""
+        """(weight `[out_local, in_local]`, bias `[out_local]` or None), gathered under ZeRO-3 (stacked
+        matrices as one, their blocks in order)."""
         weights = self.whole_weights()
-        return weights[0], weights[1] if len(weights) > 1 else None
+        weight, bias = weights[0], weights[1] if len(weights) > 1 else None
+        if self.stacked > 1:
+            weight = weight.reshape(-1, weight.shape[-1])
+            bias = None if bias is None else bias.reshape(-1)
+        return weight, bias
 
     def local_linear(self, x, weight):
         """`x W_local^T` without the bias, on the last dimension."""
@@ -95,8 +107,9 @@ class ColumnParallelLinear(_ParallelLinear):
     """
 
     def __init__(self, input_size, output_size, bias=True, init_std=0.02, drawn_rows=None,
-                 gather_output=False):
-        super().__init__(input_size, output_size, bias, init_std, partition_dim=0, drawn_rows=drawn_rows)
+                 gather_output=False, stacked=1):
+        super().__init__(input_size, output_size, bias, init_std, partition_dim=0, drawn_rows=drawn_rows,
+                         stacked=stacked)
         self.gather_output = gather_output and self.tp > 1
         if self.tp > 1:
             self.copy_to_region = CopyToTensorParallelRegion()

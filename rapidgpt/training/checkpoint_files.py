@@ -28,6 +28,7 @@ import os
 import shutil
 import zlib
 
+from rapidgpt.config.transformer import ARCHITECTURE_FLAGS
 from rapidgpt.errors import UserError
 
 LATEST = "latest_checkpointed_iteration.txt"
@@ -41,7 +42,7 @@ BEST = "best"                        # <save>/best/: the best evaluation's check
 ARCHITECTURE_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                      "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by",
                      "untie_embeddings_and_output_weights", "layernorm_epsilon", "tokenizer_type",
-                     "model_type")
+                     "model_type") + ARCHITECTURE_FLAGS
 TOKENIZER_FILE_ARGS = ("vocab_file", "merge_file")
 MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length", "bert_binary_head") + TOKENIZER_FILE_ARGS
 _CHUNK = 1 << 22

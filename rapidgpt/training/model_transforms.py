@@ -30,7 +30,8 @@ from mindspore import nn
 from rapidgpt.config.kernel_fusion import fuses_on_cpu
 from rapidgpt.errors import UserError
 from rapidgpt.models.gpt import LanguageModelHead
-from rapidgpt.models.transformer import CoreAttention, LayerNorm, TransformerLayers
+from rapidgpt.models.norms import LayerNorm
+from rapidgpt.models.transformer import CoreAttention, TransformerLayers
 from rapidgpt.parallel.fully_sharded import FullyShardedModelError, regather_in_backward, shard_model_parameters
 from rapidgpt.parallel.random import Dropout
 
@@ -99,7 +100,7 @@ def cast_to_half(model, dtype):
 
 def use_composite_layer_norm(model):
     """RapidGPT's LayerNorms over the last axis compute as composite ops, which graph kernel fusion
-    fuses (rapidgpt.models.transformer.composite_layer_norm: why). Others keep MindSpore's kernel."""
+    fuses (rapidgpt.models.norms.composite_layer_norm: why). Others keep MindSpore's kernel."""
     for _, cell in model.cells_and_names():
         if isinstance(cell, LayerNorm) and cell.begin_norm_axis == -1 and cell.begin_params_axis == -1:
             cell.composite = True

@@ -1,0 +1,158 @@
+"""The Llama family in the built-in decoder (rapidgpt/config/transformer.py's flags): the model's
+logits and per-token losses against a float64 numpy port of the Hugging Face / Megatron-core
+definitions (written here from those definitions, not from RapidGPT's code), with every weight,
+norm and bias random, at many positions (RoPE is the identity at position 0), with query heads per
+group != groups (6 heads in 2 groups), Llama 3.1's scaling with an original context far below the
+tested positions, Qwen3's head_dim != hidden / heads, and partial, interleaved rotation."""
+import math
+
+import numpy as np
+import pytest
+
+LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
+         "--num-query-groups", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
+KINDS = {
+    "llama": LLAMA,
+    "llama3.1": [*LLAMA, "--rotary-base", "500000", "--use-rope-scaling", "--rope-scaling-factor", "4",
+                 "--rope-scaling-original-max-position-embeddings", "64"],
+    "qwen2": [*LLAMA[:-1], "--add-qkv-bias", "--norm-epsilon", "1e-6"],
+    "qwen3": [*LLAMA, "--qk-layernorm", "--kv-channels", "12"],
+    "neox": ["--position-embedding-type", "rope", "--rotary-percent", "0.5", "--rotary-interleaved",
+             "--apply-layernorm-1p", "--group-query-attention", "--num-query-groups", "3"],
+}
+BASE = ["--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40",
+        "--seq-length", "24", "--max-position-embeddings", "128", "--vocab-size", "100",
+        "--make-vocab-size-divisible-by", "64", "--train-iters", "1"]
+
+
+def flag(flags, name, default):
+    return type(default)(flags[flags.index(name) + 1]) if name in flags else default
+
+
+# ---- the reference, from the published definitions (float64) ------------------------------------
+
+def ref_norm(x, p, prefix, flags, eps):
+    one_p = "--apply-layernorm-1p" in flags
+    if flag(flags, "--normalization", "LayerNorm") == "RMSNorm":
+        scale = p[prefix + ".weight"] + one_p
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * scale
+    scale = p[prefix + ".gamma"] + one_p
+    centred = x - x.mean(-1, keepdims=True)
+    return centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + eps) * scale + p[prefix + ".beta"]
+
+
+def ref_inv_freq(flags, dim):
+    """transformers' default and 'llama3' rope_init_fn."""
+    base = flag(flags, "--rotary-base", 10000)
+    inv_freq = 1.0 / base ** (np.arange(0, dim, 2) / dim)
+    if "--use-rope-scaling" not in flags:
+        return inv_freq
+    factor, old = flag(flags, "--rope-scaling-factor", 8.0), flag(flags, "--rope-scaling-original-max-position-embeddings", 8192)
+    low_wavelen, high_wavelen = old / 1.0, old / 4.0
+    out = []
+    for f in inv_freq:
+        wavelen = 2 * math.pi / f
+        if wavelen < high_wavelen:
+            out.append(f)
+        elif wavelen > low_wavelen:
+            out.append(f / factor)
+        else:
+            smooth = (old / wavelen - 1.0) / (4.0 - 1.0)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return np.array(out)
+
+
+def ref_rope(x, positions, flags):
+    """x [b, s, n, d]: Llama's rotate_half on the first rot channels, or Megatron's interleaved pairs."""
+    d = x.shape[-1]
+    rot = int(d * flag(flags, "--rotary-percent", 1.0)) // 2 * 2
+    freqs = np.outer(positions, ref_inv_freq(flags, rot))                     # [s, rot/2]
+    cos, sin = np.cos(freqs)[None, :, None], np.sin(freqs)[None, :, None]
+    out = x.copy()
+    if "--rotary-interleaved" in flags:
+        even, odd = x[..., 0:rot:2], x[..., 1:rot:2]
+        out[..., 0:rot:2] = even * cos - odd * sin
+        out[..., 1:rot:2] = odd * cos + even * sin
+    else:
+        half = rot // 2
+        first, second = x[..., :half], x[..., half:rot]
+        out[..., :half] = first * cos - second * sin
+        out[..., half:rot] = second * cos + first * sin
+    return out
+
+
+def ref_logits(p, tokens, positions, flags, vocab):
+    h, heads = flag(flags, "--hidden-size", 0), flag(flags, "--num-attention-heads", 0)
+    groups = flag(flags, "--num-query-groups", heads)
+    d = flag(flags, "--kv-channels", h // heads)
+    r, eps = heads // groups, flag(flags, "--norm-epsilon", 1e-5)
+    b, s = tokens.shape
+    x = p["word_embeddings.weight"][tokens]
+    if flag(flags, "--position-embedding-type", "learned_absolute") == "learned_absolute":
+        x = x + p["position_embeddings.weight"][positions]
+    for i in range(flag(flags, "--num-layers", 0)):
+        pre = f"layers.{i}."
+        a = ref_norm(x, p, pre + "input_layernorm", flags, eps)
+        w = p[pre + "self_attention.query_key_value.weight"].reshape(groups, r + 2, d, h)
+        bias = p.get(pre + "self_attention.query_key_value.bias", np.zeros(groups * (r + 2) * d)).reshape(groups, r + 2, d)
+        q = (a @ w[:, :r].reshape(-1, h).T + bias[:, :r].reshape(-1)).reshape(b, s, heads, d)
+        k = (a @ w[:, r].reshape(-1, h).T + bias[:, r].reshape(-1)).reshape(b, s, groups, d)
+        v = (a @ w[:, r + 1].reshape(-1, h).T + bias[:, r + 1].reshape(-1)).reshape(b, s, groups, d)
+        if "--qk-layernorm" in flags:
+            q = ref_norm(q, p, pre + "self_attention.q_layernorm", flags, eps)
+            k = ref_norm(k, p, pre + "self_attention.k_layernorm", flags, eps)
+        if "rope" in flags:
+            q, k = ref_rope(q, positions, flags), ref_rope(k, positions, flags)
+        k, v = np.repeat(k, r, axis=2), np.repeat(v, r, axis=2)              # transformers' repeat_kv
+        scores = np.einsum("bqnd,bknd->bnqk", q, k) / math.sqrt(d)
+        scores = np.where(np.triu(np.ones((s, s), bool), 1), -np.inf, scores)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = np.einsum("bnqk,bknd->bqnd", probs, v).reshape(b, s, heads * d)
+        x = x + context @ p[pre + "self_attention.dense.weight"].T + p.get(pre + "self_attention.dense.bias", 0)
+        a = ref_norm(x, p, pre + "post_attention_layernorm", flags, eps)
+        fc1 = p[pre + "mlp.dense_h_to_4h.weight"]
+        if "--swiglu" in flags:
+            gate, up = a @ fc1[0].T, a @ fc1[1].T
+            hidden = gate / (1 + np.exp(-gate)) * up
+        else:
+            u = a @ fc1.T + p[pre + "mlp.dense_h_to_4h.bias"]
+            hidden = 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
+        x = x + hidden @ p[pre + "mlp.dense_4h_to_h.weight"].T + p.get(pre + "mlp.dense_4h_to_h.bias", 0)
+    x = ref_norm(x, p, "final_layernorm", flags, eps)
+    out = p.get("output_layer.weight", p["word_embeddings.weight"])
+    return (x @ out.T)[..., :vocab]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_logits_and_losses_equal_the_reference_at_many_positions(kind):
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from rapidgpt.arguments import parse_args
+    from rapidgpt.models.gpt import build_gpt_model
+
+    flags = [*BASE, *KINDS[kind]]
+    model = build_gpt_model(parse_args(argv=flags), 100)
+    rng = np.random.default_rng(7)
+    params = {}
+    for name, param in model.parameters_and_names():
+        value = rng.standard_normal(param.shape) * (0.3 if param.ndim == 1 else 0.15)
+        if name.endswith(("gamma", "layernorm.weight")) and "--apply-layernorm-1p" not in flags:
+            value = 1.0 + value                          # norm scales around 1, biases around 0
+        param.set_data(Tensor(value, ms.float32))
+        params[name] = value.astype(np.float32).astype(np.float64)
+    model.set_train(False)
+    tokens = rng.integers(0, 100, (2, 24))
+    for start in (0, 97):                                # positions 97..120: far past the original 64
+        positions = np.arange(start, start + 24)
+        expected = ref_logits(params, tokens, positions, flags, 100)
+        position_ids = Tensor(np.tile(positions, (2, 1)).astype(np.int32))
+        found = model(Tensor(tokens.astype(np.int32)), position_ids).asnumpy()
+        np.testing.assert_allclose(found, expected, rtol=1e-4, atol=2e-5, err_msg=f"{kind} from position {start}")
+        labels = rng.integers(0, 100, (2, 24))
+        losses = model(Tensor(tokens.astype(np.int32)), position_ids, None, Tensor(labels.astype(np.int32))).asnumpy()
+        log_probs = expected - expected.max(-1, keepdims=True)
+        log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+        reference = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+        np.testing.assert_allclose(losses, reference, rtol=0, atol=1e-5, err_msg=f"{kind} losses from {start}")

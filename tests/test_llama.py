@@ -156,3 +156,59 @@ def test_logits_and_losses_equal_the_reference_at_many_positions(kind):
         log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
         reference = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
         np.testing.assert_allclose(losses, reference, rtol=0, atol=1e-5, err_msg=f"{kind} losses from {start}")
+
+
+# ---- every layout prints the single process's run ------------------------------------------------
+# One Llama-style model with every feature whose layout could go wrong: RoPE, RMSNorm, SwiGLU, 6 heads
+# in 2 query groups (TP=2: one group of 3 heads per rank), q/k/v biases, q/k norms (their gradients
+# summed over TP), an untied output layer. Run by tests/conftest.py's `runs` fixture (the TINY
+# GPT's data, batch and schedule) beside the GPT's runs of the same sizes.
+LAYOUT_MODEL = ("--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40", *LLAMA,
+                "--add-qkv-bias", "--qk-layernorm")
+PP2 = ("--pipeline-model-parallel-size", "2")
+ZERO3 = ("--zero-3-memory-optimization",)
+LAYOUTS = {"tp2": (2, 2), "pp2": (2, 1, *PP2), "dp2-zero3": (2, 1, *ZERO3), "pp2xtp2": (4, 2, *PP2),
+           "pp2xdp2-zero3": (4, 1, *PP2, *ZERO3), "dp2-zero1": (2, 1, "--use-distributed-optimizer")}
+TINY_RUNS = [(1, 1, *LAYOUT_MODEL)] + [(nproc, tp, *LAYOUT_MODEL, *flags) for nproc, tp, *flags in LAYOUTS.values()]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_llama_layouts_print_the_single_process_run(runs, layout):
+    """lm loss, grad norm (TensorBoard's, unrounded) and validation loss of 12 iterations within 1e-5,
+    and the same weights at the end (gathered whole from the checkpoint)."""
+    import json
+    from pathlib import Path
+
+    from rapidgpt.training.checkpointing import gathered_tensors
+    from test_parallel import assert_same_run, assert_same_weights
+
+    nproc, tp, *flags = LAYOUTS[layout]
+    found, save, _ = runs(nproc, tp, *LAYOUT_MODEL, *flags)
+    reference, single_save, _ = runs(1, 1, *LAYOUT_MODEL)
+    assert_same_run(found, reference)
+    vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
+    assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_cached_decoding_gives_the_full_forward_logits(kind):
+    """Generation's key/value cache (of the query groups' heads) with rotary positions: a prompt,
+    then one token at a time, gives the logits of the whole sequence's forward at each position."""
+    from mindspore import Tensor
+
+    from rapidgpt.arguments import parse_args
+    from rapidgpt.models.gpt import build_gpt_model
+    from rapidgpt.parallel.random import initialize_parameters
+
+    model = build_gpt_model(parse_args(argv=[*BASE, *KINDS[kind]]), 100)
+    initialize_parameters(model, 5)
+    model.set_train(False)
+    tokens = np.random.default_rng(3).integers(0, 100, (1, 14)).astype(np.int32)
+    full = model(Tensor(tokens), Tensor(np.arange(14, dtype=np.int32)[None])).asnumpy()
+    logits, past = model.decode(Tensor(tokens[:, :10]), Tensor(np.arange(10, dtype=np.int32)[None]))
+    steps = [logits.asnumpy()]
+    assert past[0][0].shape == (1, 2, 10, 12 if kind == "qwen3" else 8)      # [b, groups, s, head_dim]
+    for i in range(10, 14):
+        logits, past = model.decode(Tensor(tokens[:, i:i + 1]), Tensor(np.array([[i]], np.int32)), past)
+        steps.append(logits.asnumpy())
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-5, atol=1e-5)

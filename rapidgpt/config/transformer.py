@@ -27,7 +27,8 @@ NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 ARCHITECTURE_FLAGS = ("position_embedding_type", "rotary_base", "rotary_percent", "rotary_interleaved",
                       "use_rope_scaling", "rope_scaling_factor", "rope_scaling_low_freq_factor",
                       "rope_scaling_high_freq_factor", "rope_scaling_original_max_position_embeddings",
-                      "normalization", "apply_layernorm_1p", "swiglu", "num_query_groups", "kv_channels",
+                      "normalization", "apply_layernorm_1p", "swiglu", "group_query_attention", "num_query_groups",
+                      "kv_channels",
                       "add_bias_linear", "add_qkv_bias", "qk_layernorm")
 
 

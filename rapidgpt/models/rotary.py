@@ -6,10 +6,12 @@ token's position p: channel pair i turns by the angle p * inv_freq[i], inv_freq[
 unchanged. Pairs are (i, i + r/2) by default (Llama's `rotate_half`, Megatron's default) or
 (2i, 2i+1) with --rotary-interleaved.
 
-`RotaryEmbedding(position_ids)` gives (cos, sin), `[b or 1, 1, s, r]` fp32, looked up in tables
-computed once in float64 for every position up to --max-position-embeddings; `apply_rotary(x,
-cos, sin)` rotates q or k `[b, n, s, d]`. The model computes (cos, sin) once per forward and hands
-them to every layer (rapidgpt/models/gpt.py).
+`RotaryEmbedding(position_ids)` gives cos and sin stacked, `[2, b or 1, 1, s, r]` fp32, looked up
+in tables computed once in float64 for every position up to --max-position-embeddings;
+`apply_rotary(x, rotary)` rotates q or k `[b, n, s, d]`. The model computes them once per forward
+and hands them to every layer (rapidgpt/models/gpt.py) as one tensor: a pipeline stage's compiled
+layers, called from PyNative's autograd recording, returned their parameters' gradients out of
+order when given the two as a tuple (MindSpore 2.10).
 """
 import math
 
@@ -45,7 +47,7 @@ def rotary_tables(config, positions):
 
 
 class RotaryEmbedding(nn.Cell):
-    """`position_ids` `[b, s]` or `[s]` -> (cos, sin) `[b or 1, 1, s, r]` fp32 (no parameters)."""
+    """`position_ids` `[b, s]` or `[s]` -> cos and sin `[2, b or 1, 1, s, r]` fp32 (no parameters)."""
 
     def __init__(self, config):
         super().__init__()
@@ -55,8 +57,8 @@ class RotaryEmbedding(nn.Cell):
     def construct(self, position_ids):
         cos, sin = ops.gather(self.cos, position_ids, 0), ops.gather(self.sin, position_ids, 0)
         if cos.ndim == 2:                                           # [s, r]
-            return cos.reshape(1, 1, *cos.shape), sin.reshape(1, 1, *sin.shape)
-        return ops.expand_dims(cos, 1), ops.expand_dims(sin, 1)      # [b, 1, s, r]
+            cos, sin = ops.expand_dims(cos, 0), ops.expand_dims(sin, 0)
+        return ops.stack((ops.expand_dims(cos, 1), ops.expand_dims(sin, 1)))   # [2, b, 1, s, r]
 
 
 def _rotate(x, interleaved):
@@ -69,10 +71,10 @@ def _rotate(x, interleaved):
     return ops.cat((-second, first), axis=-1)
 
 
-def apply_rotary(x, cos, sin, interleaved=False):
-    """q or k `[b, n, s, d]` with its first r = cos.shape[-1] channels rotated (in x's dtype)."""
-    r = cos.shape[-1]
-    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+def apply_rotary(x, rotary, interleaved=False):
+    """q or k `[b, n, s, d]` with its first r = rotary.shape[-1] channels rotated (in x's dtype)."""
+    r = rotary.shape[-1]
+    cos, sin = rotary[0].astype(x.dtype), rotary[1].astype(x.dtype)
     if r == x.shape[-1]:
         return x * cos + _rotate(x, interleaved) * sin
     rotated, passed = ops.split(x, [r, x.shape[-1] - r], axis=-1)

@@ -106,7 +106,7 @@ class ParallelAttention(nn.Cell):
 
     def heads(self, x, rotary=None):
         """q `[b, np, s, hn]` of this rank's heads, k and v `[b, ng, s, hn]` of its groups;
-        normalised (--qk-layernorm) and rotated (`rotary`: (cos, sin), or None)."""
+        normalised (--qk-layernorm) and rotated (`rotary`: cos and sin stacked, or None)."""
         b, s, _ = x.shape
         r, hn = self.heads_per_group, self.head_dim
         qkv = self.query_key_value(x).reshape(b, s, self.groups_per_rank, (r + 2) * hn)
@@ -120,8 +120,8 @@ class ParallelAttention(nn.Cell):
         if self.qk_layernorm:
             q, k = self.q_layernorm(q), self.k_layernorm(k)
         if rotary is not None:
-            q = apply_rotary(q, *rotary, self.rotary_interleaved)
-            k = apply_rotary(k, *rotary, self.rotary_interleaved)
+            q = apply_rotary(q, rotary, self.rotary_interleaved)
+            k = apply_rotary(k, rotary, self.rotary_interleaved)
         return q, k, v
 
     def attend(self, q, k, v, mask):
@@ -206,7 +206,7 @@ class ParallelTransformerLayer(nn.Cell):
 
 class TransformerLayers(nn.SequentialCell):
     """A model's (or pipeline stage's) decoder layers, run in order:
-    `(x [b, s, h], attention_mask, rotary (cos, sin) or None) -> [b, s, h]`. Built from an OrderedDict keyed by each layer's
+    `(x [b, s, h], attention_mask, rotary (cos and sin stacked) or None) -> [b, s, h]`. Built from an OrderedDict keyed by each layer's
     global index, so `layers.5.mlp...` keeps its name at every pipeline size. One cell for all of
     them so that a pipeline stage compiles its layers as one graph, inside which MindSpore's
     activation recompute works as in the non-pipelined step (rapidgpt/training/model_transforms.py).

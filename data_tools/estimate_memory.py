@@ -86,7 +86,8 @@ def main(argv=None):
     print(f"GPT: {shape.num_layers} layers, hidden {shape.hidden_size}, {shape.num_attention_heads} heads, "
           f"seq {shape.seq_length}, vocabulary {vocab} (padded {shape.padded_vocab_size}); "
           f"{result.parameters:,} parameters")
-    print(f"layout: TP={layout.tensor_parallel} x PP={layout.pipeline_parallel} x DP={layout.data_parallel}, "
+    print(f"layout: TP={layout.tensor_parallel}{' (sequence parallel)' if layout.sequence_parallel else ''} "
+          f"x PP={layout.pipeline_parallel} x DP={layout.data_parallel}, "
           f"{zero.describe()}, {args.precision.describe().split(';')[0]}, recompute: {args.recompute.describe()}, "
           f"micro batch {layout.micro_batch_size} x {layout.num_micro_batches} per step")
     sharded = zero.stage >= 3       # a rank holds 1/DP of its parameters: the unsharded count apart

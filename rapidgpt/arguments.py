@@ -128,10 +128,9 @@ def _data_args(parser):
 # Flags whose feature arrives in a later release. They parse (so a Megatron launch script reads
 # without surprises) and any non-default value is refused with this explanation.
 NOT_YET = {
-    "the interleaved pipeline schedule, uneven pipeline stages and sequence parallelism arrive in a "
-    "later release": [
+    "the interleaved pipeline schedule and uneven pipeline stages arrive in a later release": [
         ("--num-layers-per-virtual-pipeline-stage", None), ("--decoder-first-pipeline-num-layers", None),
-        ("--decoder-last-pipeline-num-layers", None), ("--sequence-parallel", False)],
+        ("--decoder-last-pipeline-num-layers", None)],
     "Megatron's overlap of communication with compute: the step is one compiled graph whose runtime orders "
     "its collectives, and reducing gradients in backward-order buckets measured no faster on CPU, so "
     "RapidGPT does not offer it; see the README, ZeRO optimizer sharding": [

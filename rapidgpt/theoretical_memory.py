@@ -47,12 +47,14 @@ in 16-bit runs, 4 in fp32) and 1 byte per dropout-mask element:
                    projection's input, the MLP's GeLU input and output; --swiglu: 4f, the gate and
                    up outputs, the gate's SiLU and the product) + a s^2 b (e + 1 + e) / t (softmax
                    output, attention-dropout mask and output); for GPT-2 with e = 2:
-                   s b h (10 + 24/t) + 5 a s^2 b / t, the paper's formula
+                   s b h (10 + 24/t) + 5 a s^2 b / t, the paper's formula; with
+                   --sequence-parallel the replicated part is split too: s b h 34/t + 5 a s^2 b / t
     selective      the attention core is recomputed: no a s^2 b term
     full           each recomputed chunk keeps only its input s b h e; one chunk's activations are
                    rebuilt at a time during the backward
-    first stage    the embeddings' output and dropout mask: s b h (e + 1)
-    last stage     the final LayerNorm's input s b h e and the fp32 logits s b V_pad/t x 4
+    first stage    the embeddings' output and dropout mask: s b h (e + 1) (/ t with --sequence-parallel)
+    last stage     the final norm's input s b h e (/ t with --sequence-parallel) and the fp32 logits
+                   s b V_pad/t x 4
 
 times the micro-batches a stage holds at once: min(P - stage, m) under 1F1B (P pipeline stages,
 m micro-batches per step), one without pipelining. Dropout masks are left out when the dropout
@@ -112,6 +114,7 @@ class RunLayout:
     recompute_granularity: Optional[str] = None     # None, "selective", "full"
     recompute_method: Optional[str] = None          # "uniform", "block"
     recompute_num_layers: int = 1
+    sequence_parallel: bool = False                 # --sequence-parallel (with TP)
 
 
 @dataclass
@@ -202,7 +205,7 @@ def layer_activation_bytes(shape, layout, e):
     t, d, f = layout.tensor_parallel, shape.head_dim, shape.ffn_hidden_size
     hidden_mask = 1 if shape.hidden_dropout > 0 else 0
     attention_drop = shape.attention_dropout > 0
-    replicated = s * b * h * (4 * e + 2 * hidden_mask)
+    replicated = s * b * h * (4 * e + 2 * hidden_mask) / (t if layout.sequence_parallel else 1)
     split = s * b * e * ((a + 2 * shape.groups) * d + a * d + (4 if shape.swiglu else 2) * f) / t
     scores = a * s * s * b * (e + (1 + e if attention_drop else 0)) / t
     if layout.recompute_granularity == "selective":
@@ -223,10 +226,11 @@ def stage_activation_bytes(shape, layout, stage, e):
             kept = math.ceil(layers / n) * s * b * h * e + n * per_layer
     else:
         kept = layers * per_layer
+    parts = layout.tensor_parallel if layout.sequence_parallel else 1
     if stage == 0:
-        kept += s * b * h * (e + (1 if shape.hidden_dropout > 0 else 0))
+        kept += s * b * h * (e + (1 if shape.hidden_dropout > 0 else 0)) / parts
     if stage == layout.pipeline_parallel - 1:
-        kept += s * b * h * e + s * b * shape.padded_vocab_size // layout.tensor_parallel * 4
+        kept += s * b * h * e / parts + s * b * shape.padded_vocab_size // layout.tensor_parallel * 4
     return kept
 
 
@@ -283,7 +287,7 @@ def layout_from_args(args):
         optimizer_bytes=optimizer_bytes_per_parameter(args.optimizer, args.sgd_momentum, precision.half,
                                                       zero_stage in (1, 2)),
         recompute_granularity=recompute.granularity, recompute_method=recompute.method,
-        recompute_num_layers=recompute.num_layers or 1)
+        recompute_num_layers=recompute.num_layers or 1, sequence_parallel=args.sequence_parallel)
 
 
 def shape_from_args(args, vocab_size):

@@ -161,14 +161,17 @@ def test_logits_and_losses_equal_the_reference_at_many_positions(kind):
 # ---- every layout prints the single process's run ------------------------------------------------
 # One Llama-style model with every feature whose layout could go wrong: RoPE, RMSNorm, SwiGLU, 6 heads
 # in 2 query groups (TP=2: one group of 3 heads per rank), q/k/v biases, q/k norms (their gradients
-# summed over TP), an untied output layer. Run by tests/conftest.py's `runs` fixture (the TINY
+# summed over TP), an untied output layer; with --sequence-parallel also the norms' gradients summed
+# over TP (were they not, the TP ranks' copies would drift apart and the end weights differ). Run by tests/conftest.py's `runs` fixture (the TINY
 # GPT's data, batch and schedule) beside the GPT's runs of the same sizes.
 LAYOUT_MODEL = ("--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40", *LLAMA,
                 "--add-qkv-bias", "--qk-layernorm")
 PP2 = ("--pipeline-model-parallel-size", "2")
 ZERO3 = ("--zero-3-memory-optimization",)
-LAYOUTS = {"tp2": (2, 2), "pp2": (2, 1, *PP2), "dp2-zero3": (2, 1, *ZERO3), "pp2xtp2": (4, 2, *PP2),
-           "pp2xdp2-zero3": (4, 1, *PP2, *ZERO3), "dp2-zero1": (2, 1, "--use-distributed-optimizer")}
+SP = ("--sequence-parallel",)
+LAYOUTS = {"tp2": (2, 2), "tp2-sp": (2, 2, *SP), "pp2": (2, 1, *PP2), "dp2-zero3": (2, 1, *ZERO3),
+           "pp2xtp2-sp": (4, 2, *PP2, *SP), "tp2xdp2-sp-zero3": (4, 2, *SP, *ZERO3),
+           "pp2xdp2-zero3": (4, 1, *PP2, *ZERO3)}
 TINY_RUNS = [(1, 1, *LAYOUT_MODEL)] + [(nproc, tp, *LAYOUT_MODEL, *flags) for nproc, tp, *flags in LAYOUTS.values()]
 
 
@@ -212,3 +215,30 @@ def test_cached_decoding_gives_the_full_forward_logits(kind):
         logits, past = model.decode(Tensor(tokens[:, i:i + 1]), Tensor(np.array([[i]], np.int32)), past)
         steps.append(logits.asnumpy())
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--tensor-model-parallel-size", "2", "--seq-length", "15", "--max-position-embeddings", "16"),
+     "--sequence-parallel: --seq-length 15 is not divisible by --tensor-model-parallel-size 2"),
+    (("--tensor-model-parallel-size", "2", "--model-type", "bert"),
+     "--sequence-parallel: the built-in BERT does not split the sequence"),
+    (("--tensor-model-parallel-size", "2", "--task", "text_generation"),
+     "--sequence-parallel: generation runs the whole sequence on every TP rank"),
+    (("--num-query-groups", "3", "--group-query-attention", "--tensor-model-parallel-size", "2"),
+     "--num-query-groups: 3 is not divisible by --tensor-model-parallel-size 2"),
+    (("--num-query-groups", "4", "--group-query-attention"), "--num-query-groups: 4 must divide --num-attention-heads 6"),
+    (("--use-rope-scaling",), "--use-rope-scaling: scales rotary embeddings; add --position-embedding-type rope"),
+])
+def test_architecture_flags_are_checked_with_one_line_each(flags, message):
+    from rapidgpt.arguments import build_parser, validate_args
+    from rapidgpt.flag_parser import ArgumentError
+    argv = ["--num-attention-heads", "6", "--hidden-size", "48", "--sequence-parallel", "--train-iters", "1", *flags]
+    with pytest.raises(ArgumentError) as error:
+        validate_args(build_parser().parse_args(argv), world_size=2)
+    assert any(problem.startswith(message) for problem in error.value.problems), error.value.problems
+
+
+def test_sequence_parallel_is_off_without_tensor_parallelism():
+    """Megatron's rule: at TP=1 there is nothing to split."""
+    from rapidgpt.arguments import parse_args
+    assert parse_args(argv=["--sequence-parallel", "--train-iters", "1"]).sequence_parallel is False

@@ -97,7 +97,7 @@ def assert_same_run(found, reference):
 # The runs of the `runs` fixture (tests/conftest.py) this module's tests ask for (tests/test_zero.py
 # declares its own).
 TINY_RUNS = [(1, 1), (2, 2), (2, 1), (4, 2), (1, 1, *FP16), (2, 1, *FP16), (2, 2, "--checkpoint-activations"),
-             (2, 2, "--recompute-activations")]
+             (2, 2, "--recompute-activations"), (2, 2, "--sequence-parallel")]
 
 
 def tiny_run(nproc, tp, *flags):
@@ -155,9 +155,12 @@ def test_collectives_on_subgroups_match_numpy(env, tmp_path):
     assert status == 0 and "rank 0: comm ok" in log, log[-3000:]
 
 
-@pytest.mark.parametrize("nproc,tp", [(2, 2), (2, 1), (4, 2)], ids=["tp2", "dp2", "tp2xdp2"])
-def test_parallel_run_reproduces_the_single_process_run(runs, nproc, tp):
-    found, save, log = runs(nproc, tp)
+@pytest.mark.parametrize("nproc,tp,flags", [(2, 2, ()), (2, 1, ()), (4, 2, ()), (2, 2, ("--sequence-parallel",))],
+                         ids=["tp2", "dp2", "tp2xdp2", "tp2-sequence-parallel"])
+def test_parallel_run_reproduces_the_single_process_run(runs, nproc, tp, flags):
+    """Also with Megatron's sequence parallelism (learned positions, LayerNorms and the output
+    projections' biases on parts of the sequence, their gradients summed over TP)."""
+    found, save, log = runs(nproc, tp, *flags)
     reference, single_save, reference_log = runs(1, 1)
     assert_layout(save, tp=tp, world_size=nproc)
     assert_layout(single_save, tp=1, world_size=1)

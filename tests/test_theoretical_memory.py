@@ -82,7 +82,8 @@ def test_megatron_and_fsdp_spellings_and_the_sharded_layout(capsys):
 
 def test_activations_follow_korthikanti_et_al():
     """Reducing Activation Recomputation, Table 2: s b h (10 + 24/t) + 5 a s^2 b / t bytes per layer
-    with tensor parallelism (16-bit, dropout), s b h (10 + 24/t) with selective recompute."""
+    with tensor parallelism (16-bit, dropout), s b h (10 + 24/t) with selective recompute, and
+    s b h 34/t + 5 a s^2 b / t with sequence parallelism."""
     shape = GPTShape(24, 2304, 24, 4 * 2304, 2048, 2048, 51200)
     s, b, h, a = 2048, 4, 2304, 24
     for t in (1, 2, 8):
@@ -90,6 +91,8 @@ def test_activations_follow_korthikanti_et_al():
         assert layer_activation_bytes(shape, layout, 2) == pytest.approx(s * b * h * (10 + 24 / t) + 5 * a * s * s * b / t)
         selective = RunLayout(**{**layout.__dict__, "recompute_granularity": "selective"})
         assert layer_activation_bytes(shape, selective, 2) == pytest.approx(s * b * h * (10 + 24 / t))
+        sequence = RunLayout(**{**layout.__dict__, "sequence_parallel": True})
+        assert layer_activation_bytes(shape, sequence, 2) == pytest.approx(s * b * h * 34 / t + 5 * a * s * s * b / t)
 
 
 # Llama 3 8B (Megatron's examples/llama/train_llama3_8b_h100_fp8.sh) and Qwen2.5-0.5B (its

@@ -8,6 +8,7 @@ and `TransformerConfig`, the typed record the models are built from (models/ nev
     --swiglu --ffn-hidden-size F
     --group-query-attention --num-query-groups G --kv-channels D
     --disable-bias-linear --add-qkv-bias --qk-layernorm
+    --sequence-parallel                                        with TP: norms, dropouts, residuals on s / tp
 
 Defaults give GPT-2 (learned positions, LayerNorm, GELU MLP, biases everywhere, one key/value
 head per query head). Llama 3 is `--position-embedding-type rope --rotary-base 500000
@@ -67,6 +68,10 @@ def add_architecture_args(parser):
                    help="a bias on the query/key/value projection even with --disable-bias-linear (Qwen2)")
     g.add_argument("--qk-layernorm", action="store_true",
                    help="normalise each head's query and key (the --normalization kind) before RoPE (Qwen3)")
+    g = parser.add_argument_group("sequence parallelism")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tensor-model-parallel-size > 1: the norm, dropout and residual regions hold "
+                        "1/TP of the sequence on each rank (Megatron's; the same numbers, less activation memory)")
 
 
 def check_architecture_args(args, check):
@@ -99,9 +104,24 @@ def check_architecture_args(args, check):
                       f"--num-query-groups: {args.num_query_groups} must divide --num-attention-heads {heads}")
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = int(4 * args.hidden_size * 2 / 3 / 64) * 64 if args.swiglu else 4 * args.hidden_size
+    if args.sequence_parallel:
+        _check_sequence_parallel(args, check)
     if args.position_embedding_type == "rope" and args.kv_channels:
         check.require(rotary_dim(args.kv_channels, args.rotary_percent) >= 2,
                       f"--rotary-percent: {args.rotary_percent} of {args.kv_channels} channels rotates no pair")
+
+
+def _check_sequence_parallel(args, check):
+    tp = args.tensor_model_parallel_size
+    if tp == 1:
+        args.sequence_parallel = False            # Megatron's rule: nothing to split
+        return
+    check.require(args.seq_length % tp == 0,
+                  f"--sequence-parallel: --seq-length {args.seq_length} is not divisible by "
+                  f"--tensor-model-parallel-size {tp}; each TP rank holds an equal part of the sequence")
+    check.require(args.task != "text_generation",
+                  "--sequence-parallel: generation runs the whole sequence on every TP rank; drop the flag "
+                  "(a model trained with it generates without it)")
 
 
 def rotary_dim(kv_channels, rotary_percent):
@@ -140,6 +160,7 @@ class TransformerConfig:
     add_bias_linear: bool = True
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
+    sequence_parallel: bool = False
     # GPT's; BERT (rapidgpt/models/bert.py) sets bidirectional attention and the exact GELU.
     causal: bool = True
     activation: str = "gelu_tanh"

@@ -29,7 +29,8 @@ from rapidgpt.models.rotary import RotaryEmbedding
 from rapidgpt.models.transformer import ParallelTransformerLayer, TransformerLayers
 from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy, cross_entropy
 from rapidgpt.parallel.layers import ColumnParallelLinear, ReplicatedEmbedding, VocabParallelEmbedding
-from rapidgpt.parallel.mappings import CopyToTensorParallelRegion, GatherFromTensorParallelRegion
+from rapidgpt.parallel.mappings import (CopyToTensorParallelRegion, GatherFromSequenceParallelRegion,
+                                       GatherFromTensorParallelRegion, ScatterToSequenceParallelRegion)
 from rapidgpt.parallel.pipeline import stage_layer_range
 from rapidgpt.parallel.random import Dropout, graph_arange
 from rapidgpt.parallel.state import (get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
@@ -82,14 +83,19 @@ class GPTModel(LanguageModelStage):
             self.word_embeddings = stage_word_embeddings(padded_vocab_size, vocab_size, h, std, self.pre_process,
                                                          tied_to_output=not self.untied)
         self.learned_positions = config.position_embedding_type == "learned_absolute"
+        sp = self.sequence_parallel = config.sequence_parallel and get_tensor_model_parallel_world_size() > 1
         if self.pre_process:
             if self.learned_positions:
                 self.position_embeddings = ReplicatedEmbedding(config.max_position_embeddings, h, std)
-            self.embedding_dropout = Dropout(config.hidden_dropout)
+            if sp:
+                self.scatter_sequence = ScatterToSequenceParallelRegion()
+            self.embedding_dropout = Dropout(config.hidden_dropout, partition_dim=1 if sp else None)
         self.rotary = RotaryEmbedding(config) if config.position_embedding_type == "rope" else None
         self.layers = TransformerLayers(OrderedDict((str(i), ParallelTransformerLayer(config)) for i in self.stage_layers))
         if self.post_process:
-            self.final_layernorm = build_norm(config, h)
+            self.final_layernorm = build_norm(config, h, summed_over_tp=sp)
+            if sp:       # the output layer's copy_to_region sums the gradient: the gather only splits it
+                self.gather_sequence = GatherFromSequenceParallelRegion(reduce_grad=False)
             self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
                                                       drawn_rows=vocab_size) if self.untied else None)
             self.head = LanguageModelHead(vocab_size, padded_vocab_size)
@@ -99,17 +105,24 @@ class GPTModel(LanguageModelStage):
         return layer.whole_weights()[0]
 
     def hidden_states(self, tokens, position_ids=None, attention_mask=None):
-        """This stage's output `[b, s, h]`: after the final LayerNorm on the last stage (for heads
-        such as classification), the last layer's output on the others."""
+        """This stage's output `[b, s, h]`: after the final norm on the last stage (for heads
+        such as classification), the last layer's output on the others (with sequence
+        parallelism `[b, s / tp, h]`, this rank's part, which the next stage continues from)."""
         if position_ids is None and (self.rotary is not None or (self.pre_process and self.learned_positions)):
             position_ids = graph_arange(0, tokens.shape[1])           # [s], same for each row (ops.arange
             # runs interpreted Python inside a graph, which MindSpore then warns about)
         if self.pre_process:
-            x = self.embedding_dropout(self.embed(tokens, position_ids))
+            x = self.embed(tokens, position_ids)
+            if self.sequence_parallel:
+                x = self.scatter_sequence(x)
+            x = self.embedding_dropout(x)
         else:
             x = self.input_tensor
         x = self.layers(x, attention_mask, None if self.rotary is None else self.rotary(position_ids))
-        return self.final_layernorm(x) if self.post_process else x
+        if not self.post_process:
+            return x
+        x = self.final_layernorm(x)
+        return self.gather_sequence(x) if self.sequence_parallel else x
 
     def embed(self, tokens, position_ids):
         """`[b, s]` -> `[b, s, h]`: the word embeddings, plus the learned positions' when there are."""

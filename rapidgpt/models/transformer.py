@@ -27,6 +27,13 @@ h]` (gate, then up; split together over TP) and the MLP is `down(silu(x W_gate) 
 Output projections use Megatron's scaled init std / sqrt(2 * num_layers). --disable-bias-linear
 drops the linear layers' biases (--add-qkv-bias keeps the q/k/v one).
 
+Sequence parallelism (--sequence-parallel, with TP): the norms, dropouts and residual additions
+work on `[b, s / tp, h]`, this rank's part of the sequence; the q/k/v and up projections
+all-gather it, the output and down projections reduce-scatter into it
+(rapidgpt/parallel/mappings.py), and the weights used on a part (the norms', the output
+projections' biases) get their gradients summed over the TP ranks. Dropout masks are the
+sequence-parallel parts of the masks of the whole sequence, so the run is the one without it.
+
 Mixed precision: in a 16-bit model every matrix product runs in 16-bit, while the norms compute
 in fp32 (rapidgpt/models/norms.py) and the GPT's loss too (rapidgpt/models/gpt.py).
 
@@ -90,10 +97,12 @@ class ParallelAttention(nn.Cell):
         self.heads_per_group = config.num_attention_heads // config.num_query_groups
         self.head_dim = hn = config.kv_channels
         qkv_rows = config.num_query_groups * (self.heads_per_group + 2) * hn
+        sp = config.sequence_parallel
         self.query_key_value = ColumnParallelLinear(config.hidden_size, qkv_rows, bias=config.qkv_bias,
-                                                    init_std=config.init_method_std)
+                                                    init_std=config.init_method_std, sequence_parallel=sp)
         self.dense = RowParallelLinear(config.num_attention_heads * hn, config.hidden_size,
-                                       bias=config.add_bias_linear, init_std=config.output_init_std)
+                                       bias=config.add_bias_linear, init_std=config.output_init_std,
+                                       sequence_parallel=sp)
         self.qk_layernorm = config.qk_layernorm
         if config.qk_layernorm:          # this rank's heads only: gradients summed over TP
             self.q_layernorm = build_norm(config, hn, summed_over_tp=True)
@@ -107,9 +116,10 @@ class ParallelAttention(nn.Cell):
     def heads(self, x, rotary=None):
         """q `[b, np, s, hn]` of this rank's heads, k and v `[b, ng, s, hn]` of its groups;
         normalised (--qk-layernorm) and rotated (`rotary`: cos and sin stacked, or None)."""
-        b, s, _ = x.shape
         r, hn = self.heads_per_group, self.head_dim
-        qkv = self.query_key_value(x).reshape(b, s, self.groups_per_rank, (r + 2) * hn)
+        qkv = self.query_key_value(x)                         # [b, s, ...]: the whole sequence
+        b, s, _ = qkv.shape
+        qkv = qkv.reshape(b, s, self.groups_per_rank, (r + 2) * hn)
         # A split of the last axis, not qkv[..., i, :] slices: MindSpore's CPU StridedSlice kernel
         # copies element by element (~4x slower here, benchmarks/bench_pretrain.py's profile).
         q, k, v = ops.split(qkv, hn if r == 1 else [r * hn, hn, hn], axis=-1)
@@ -135,15 +145,17 @@ class ParallelAttention(nn.Cell):
 
     def construct(self, x, attention_mask=None, rotary=None):
         """`attention_mask` (True = hidden) is added to the causal mask, or is the whole mask when
-        not causal (BERT's padding mask `[b, 1, 1, s]`: every query sees every real key)."""
-        s = x.shape[1]
+        not causal (BERT's padding mask `[b, 1, 1, s]`: every query sees every real key). With
+        sequence parallelism x is `[b, s / tp, h]`; the q/k/v projection gathers the sequence."""
+        q, k, v = self.heads(x, rotary)
+        s = q.shape[2]
         if not self.causal:
             mask = attention_mask
         elif attention_mask is None:
             mask = self.causal_mask[:, :, :s, :s]
         else:
             mask = ops.logical_or(self.causal_mask[:, :, :s, :s], attention_mask)
-        return self.attend(*self.heads(x, rotary), mask)
+        return self.attend(q, k, v, mask)
 
     def decode(self, x, past=None, rotary=None):
         """Incremental attention for generation: x `[b, s_new, h]` after `past` = (k, v) of the
@@ -166,9 +178,10 @@ class ParallelMLP(nn.Cell):
         stacked = 2 if config.swiglu else 1
         self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, stacked * config.ffn_hidden_size,
                                                   bias=config.add_bias_linear, init_std=config.init_method_std,
-                                                  stacked=stacked)
+                                                  stacked=stacked, sequence_parallel=config.sequence_parallel)
         self.dense_4h_to_h = RowParallelLinear(config.ffn_hidden_size, config.hidden_size,
-                                               bias=config.add_bias_linear, init_std=config.output_init_std)
+                                               bias=config.add_bias_linear, init_std=config.output_init_std,
+                                               sequence_parallel=config.sequence_parallel)
         self.approximate = {"gelu_tanh": "tanh", "gelu": "none"}[config.activation]
 
     def construct(self, x):
@@ -185,13 +198,15 @@ class ParallelTransformerLayer(nn.Cell):
 
     def __init__(self, config):
         super().__init__()
-        self.input_layernorm = build_norm(config, config.hidden_size)
+        sp = config.sequence_parallel          # the norms see this rank's part of the sequence
+        self.input_layernorm = build_norm(config, config.hidden_size, summed_over_tp=sp)
         self.self_attention = ParallelAttention(config)
-        self.post_attention_layernorm = build_norm(config, config.hidden_size)
+        self.post_attention_layernorm = build_norm(config, config.hidden_size, summed_over_tp=sp)
         self.mlp = ParallelMLP(config)
-        # Two cells, so the two residual branches draw different masks.
-        self.post_attention_dropout = Dropout(config.hidden_dropout)
-        self.post_mlp_dropout = Dropout(config.hidden_dropout)
+        # Two cells, so the two residual branches draw different masks (the sequence-parallel
+        # parts of the masks of the whole sequence).
+        self.post_attention_dropout = Dropout(config.hidden_dropout, partition_dim=1 if sp else None)
+        self.post_mlp_dropout = Dropout(config.hidden_dropout, partition_dim=1 if sp else None)
 
     def construct(self, x, attention_mask=None, rotary=None):
         x = x + self.post_attention_dropout(self.self_attention(self.input_layernorm(x), attention_mask, rotary))

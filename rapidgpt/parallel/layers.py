@@ -16,8 +16,9 @@ from mindspore import Parameter, Tensor, nn, ops
 import numpy as np
 
 from rapidgpt.parallel.fully_sharded import ShardableLayer
-from rapidgpt.parallel.mappings import (CopyToTensorParallelRegion, GatherFromTensorParallelRegion,
-                                       ReduceFromTensorParallelRegion, ScatterToTensorParallelRegion)
+from rapidgpt.parallel.mappings import (CopyToTensorParallelRegion, GatherFromSequenceParallelRegion,
+                                       GatherFromTensorParallelRegion, ReduceFromTensorParallelRegion,
+                                       ReduceScatterToSequenceParallelRegion, ScatterToTensorParallelRegion)
 from rapidgpt.parallel.random import ParamInit
 from rapidgpt.parallel.state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
@@ -103,16 +104,19 @@ class ColumnParallelLinear(_ParallelLinear):
     (`[..., out]` with `gather_output=True`).
 
     Used where the output feeds a per-shard computation (QKV projection, MLP up-projection). The
-    input is replicated over the TP ranks; its gradient is summed over them.
+    input is replicated over the TP ranks; its gradient is summed over them. With
+    `sequence_parallel` the input is `[b, s / tp, h]`, this rank's part of the sequence, all-gathered
+    here (its gradient reduce-scattered back).
     """
 
     def __init__(self, input_size, output_size, bias=True, init_std=0.02, drawn_rows=None,
-                 gather_output=False, stacked=1):
+                 gather_output=False, stacked=1, sequence_parallel=False):
         super().__init__(input_size, output_size, bias, init_std, partition_dim=0, drawn_rows=drawn_rows,
                          stacked=stacked)
         self.gather_output = gather_output and self.tp > 1
         if self.tp > 1:
-            self.copy_to_region = CopyToTensorParallelRegion()
+            self.copy_to_region = (GatherFromSequenceParallelRegion() if sequence_parallel
+                                   else CopyToTensorParallelRegion())
             self.gather_from_region = GatherFromTensorParallelRegion()
 
     def construct(self, x):
@@ -130,15 +134,22 @@ class RowParallelLinear(_ParallelLinear):
 
     Takes a ColumnParallelLinear's sharded output (`input_is_parallel=True`; otherwise the full
     input is split here); partial products are summed over TP ranks before the (replicated) bias
-    is added.
+    is added. With `sequence_parallel` the sum is reduce-scattered along the sequence, so the output
+    is `[b, s / tp, h]`, and the bias, added to this rank's part only, gets its gradient summed
+    over the TP ranks.
     """
 
-    def __init__(self, input_size, output_size, bias=True, init_std=0.02, input_is_parallel=True):
+    def __init__(self, input_size, output_size, bias=True, init_std=0.02, input_is_parallel=True,
+                 sequence_parallel=False):
         super().__init__(input_size, output_size, bias, init_std, partition_dim=1)
         self.scatter_input = not input_is_parallel and self.tp > 1
+        self.sequence_parallel = sequence_parallel and self.tp > 1
         if self.tp > 1:
             self.scatter_to_region = ScatterToTensorParallelRegion()
-            self.reduce_from_region = ReduceFromTensorParallelRegion()
+            self.reduce_from_region = (ReduceScatterToSequenceParallelRegion() if self.sequence_parallel
+                                       else ReduceFromTensorParallelRegion())
+        if self.sequence_parallel and bias:
+            self.copy_bias = CopyToTensorParallelRegion()
 
     def construct(self, x):
         weight, bias = self.weight_and_bias()
@@ -147,7 +158,9 @@ class RowParallelLinear(_ParallelLinear):
         y = self.local_linear(x, weight)
         if self.tp > 1:
             y = self.reduce_from_region(y)
-        return y if bias is None else y + bias
+        if bias is None:
+            return y
+        return y + (self.copy_bias(bias) if self.sequence_parallel else bias)
 
 
 class ReplicatedLinear(_ParallelLinear):

@@ -120,6 +120,9 @@ def main(argv=None, args=None):
     if wants_sample and args.pipeline_model_parallel_size > 1:
         trainer.logger.info(" no sample continuation: each pipeline stage holds part of the model "
                             "(generation runs on a whole model, in one process)")
+    elif wants_sample and args.sequence_parallel:
+        trainer.logger.info(" no sample continuation: --sequence-parallel splits the sequence over the TP "
+                            "ranks (generate from the checkpoint with --task text_generation)")
     elif wants_sample:
         text = generate(model, get_tokenizer(), args.prompt, args.max_new_tokens, top_k=args.top_k,
                         top_p=args.top_p, temperature=args.temperature, seed=args.seed)

@@ -268,8 +268,10 @@ class Trainer:
         return EvalStep(forward, jit=self.args.jit, barrier=barrier if self.args.world_size > 1 else None)
 
     def activation_shape(self):
-        """What pipeline stages send each other: `[micro batch, seq length, hidden size]`."""
-        return (self.args.micro_batch_size, self.args.seq_length, self.args.hidden_size)
+        """What pipeline stages send each other: `[micro batch, seq length, hidden size]` (with
+        --sequence-parallel each TP rank's part of the sequence)."""
+        parts = self.args.tensor_model_parallel_size if self.args.sequence_parallel else 1
+        return (self.args.micro_batch_size, self.args.seq_length // parts, self.args.hidden_size)
 
     def gather(self, values):
         """Metric values `[n, ...]` from every data-parallel rank, concatenated in DP-rank order

@@ -18,6 +18,7 @@ import sys
 from rapidgpt.data.gpt_dataset import parse_split
 from rapidgpt.config.bert import add_bert_args, check_bert_args
 from rapidgpt.config.compile_cache import add_compile_cache_args, check_compile_cache_args
+from rapidgpt.config.implementation_choices import add_implementation_choice_args
 from rapidgpt.config.kernel_fusion import add_kernel_fusion_args, check_kernel_fusion_args
 from rapidgpt.config.precision import add_precision_args, check_precision_args
 from rapidgpt.config.transformer import add_architecture_args, check_architecture_args
@@ -131,10 +132,6 @@ NOT_YET = {
     "the interleaved pipeline schedule and uneven pipeline stages arrive in a later release": [
         ("--num-layers-per-virtual-pipeline-stage", None), ("--decoder-first-pipeline-num-layers", None),
         ("--decoder-last-pipeline-num-layers", None)],
-    "Megatron's overlap of communication with compute: the step is one compiled graph whose runtime orders "
-    "its collectives, and reducing gradients in backward-order buckets measured no faster on CPU, so "
-    "RapidGPT does not offer it; see the README, ZeRO optimizer sharding": [
-        ("--overlap-grad-reduce", False), ("--overlap-param-gather", False)],
 }
 
 
@@ -187,9 +184,6 @@ HUB_FLAGS = {
 
 def _rapidformer_args(parser):
     g = parser.add_argument_group("Rapidformer compatibility")
-    g.add_argument("--onnx-runtime-training", action="store_true",
-                   help="accepted: RapidGPT always compiles the training step (mindspore.jit), the "
-                        "role ONNX Runtime training plays in Rapidformer")
     g.add_argument("--pretrained-model-name-or-path", default=None, metavar="DIR",
                    help="a local Hugging Face GPT-2 folder (config.json, model.safetensors, "
                         "vocab.json, merges.txt) or a RapidGPT checkpoint: start from its weights, "
@@ -257,6 +251,9 @@ def _logging_args(parser):
                         "LOG_DIR also keeps msrun's worker_N.log (everything rank N printed), "
                         "scheduler.log and msrun_nodeR.log; default then: ./rapidgpt_logs/DATE-TIME")
     g.add_argument("--no-progress-bar", action="store_true", help="no tqdm bar (e.g. in CI logs)")
+    g.add_argument("--log-throughput", action="store_true",
+                   help="Megatron's 'throughput per GPU (TFLOP/s/GPU)' in the iteration line: its FLOPs formula "
+                        "for the model flags, per second and rank")
     g.add_argument("--timing-log-level", type=int, choices=[0, 1, 2], default=0,
                    help="Megatron's timers: 0 the set-up phases (model, data, checkpoint load) at "
                         "start and each save; 1 also, at every log line, the batch generator, the "
@@ -295,7 +292,8 @@ def build_parser(extra_args_provider=None):
                                     "and Rapidformer's names.")
     for add in (_model_args, add_architecture_args, add_bert_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
                 _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
-                add_zero_args, add_kernel_fusion_args, add_compile_cache_args, _launcher_args, _rapidformer_args,
+                add_zero_args, add_kernel_fusion_args, add_compile_cache_args, add_implementation_choice_args,
+                _launcher_args, _rapidformer_args,
                 _reserved_args):
         add(parser)
     if extra_args_provider is not None:

@@ -16,6 +16,7 @@ from rapidgpt.flag_parser import ArgumentError
 from rapidgpt.global_vars import get_logger, set_global_variables
 from rapidgpt.mindspore_logs import records_line
 from rapidgpt.config.compile_cache import check_compile_cache_environment, describe_compile_cache
+from rapidgpt.config.implementation_choices import implementation_choice_lines
 from rapidgpt.config.kernel_fusion import check_kernel_fusion_backend, enable_kernel_fusion
 from rapidgpt.config.precision import check_precision_backend
 from rapidgpt.device import ensure_device, select_device
@@ -78,9 +79,8 @@ class RapidGPTEngine:
         get_logger().info(f" > compile cache: {describe_compile_cache(args)}")
         if records_line(rank):
             get_logger().info(records_line(rank))
-        if args.onnx_runtime_training:
-            get_logger().info(" --onnx-runtime-training: RapidGPT always compiles the training step "
-                              "(mindspore.jit); nothing more to switch on")
+        for line in implementation_choice_lines(args):
+            get_logger().info(line)
 
     @staticmethod
     def _groups(state):

@@ -179,6 +179,21 @@ def stage_parameters(shape, stage, pp=1, tp=1):
     return count
 
 
+def training_flops(shape, batch_size):
+    """Megatron's num_floating_point_operations for one iteration of `batch_size` sequences (forward
+    and backward, matrix products only, recompute not counted), which --log-throughput divides
+    by the time and the ranks:
+
+        12 B s l h^2 ((1 + g/a + s/h) a d / h + f/h * (3/2 with --swiglu)) + 6 B s h V_pad
+
+    (GPT-2: 72 B s l h^2 (1 + s/(6h)) + 6 B s h V, the Megatron-LM paper's)."""
+    b, s, l, h = batch_size, shape.seq_length, shape.num_layers, shape.hidden_size
+    a, g, d, f = shape.num_attention_heads, shape.groups, shape.head_dim, shape.ffn_hidden_size
+    attention = (1 + g / a + s / h) * a * d / h
+    mlp = f / h * (1.5 if shape.swiglu else 1.0)
+    return 12 * b * s * l * h * h * (attention + mlp) + 6 * b * s * h * shape.padded_vocab_size
+
+
 def total_parameters(shape):
     """The model's parameters (each once; the tied output layer is the word embeddings)."""
     return stage_parameters(shape, 0, 1, 1)

@@ -58,6 +58,12 @@ def test_split_boundaries_equal_megatron_core(split):
         assert bounds[0] == 0 and bounds[-1] == n
 
 
+def test_split_keeps_megatron_launch_scripts_quotes():
+    """`--split '99,1,0'` in a variable the shell word-splits arrives with its quotes."""
+    assert split_boundaries("'99,1,0'", 100) == split_boundaries("99,1,0", 100)
+    assert split_boundaries('"949,50,1"', 1000) == split_boundaries("949,50,1", 1000)
+
+
 @pytest.mark.parametrize("bad", ["a,b", "1,2,3,4", "-1,2", "0,0,0", ""])
 def test_split_rejects_bad_string(bad):
     with pytest.raises(ValueError, match=r"--split .*expected up to three non-negative weights"):

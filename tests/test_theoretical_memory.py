@@ -190,3 +190,18 @@ def test_zero_3_parameters_per_rank_are_the_shard(capsys):
     assert estimate_memory.main(flags) == 0                     # without ZeRO-3 there is one count
     header, row = capsys.readouterr().out.splitlines()[-2:]
     assert header.split()[:3] == ["stage", "parameters/rank", "weights"] and row.split()[1] == f"{whole:,}"
+
+
+def test_log_throughput_uses_megatrons_flops_formula():
+    """GPT-2: the Megatron-LM paper's 72 B s l h^2 (1 + s/(6h)) + 6 B s h V; Llama 3 8B's flags:
+    attention (1 + g/a + s/h) per h^2 and the gated MLP's 3/2 (Megatron's num_floating_point_operations)."""
+    from rapidgpt.theoretical_memory import training_flops
+    shape = GPTShape(24, 2304, 24, 4 * 2304, 2048, 2048, 51200)
+    b, s, l, h, v = 8, 2048, 24, 2304, 51200
+    assert training_flops(shape, b) == pytest.approx(72 * b * s * l * h * h * (1 + s / (6 * h)) + 6 * b * s * h * v)
+    llama = GPTShape(32, 4096, 32, 14336, 8192, 8192, 128256, num_query_groups=8, swiglu=True)
+    expected = 12 * 8192 * 32 * 4096 ** 2 * ((1 + 8 / 32 + 8192 / 4096) + 14336 / 4096 * 1.5) + 6 * 8192 * 4096 * 128256
+    assert training_flops(llama, 1) == pytest.approx(expected)
+    from rapidgpt.training.reporting import training_log_line
+    line = training_log_line(3, 10, 24, 1500.0, 1e-4, 8, {"lm loss": 2.5}, 1.0, 0.5, 0, 0, 100.0, tflops_per_rank=12.34)
+    assert "| elapsed time per iteration (ms): 1500.0 | throughput per GPU (TFLOP/s/GPU): 12.3 | learning rate:" in line

@@ -56,8 +56,10 @@ def normalize(weights):
 
 
 def parse_split(split_string):
-    """`--split "969,30,1"` (or "969/30/1", or "98") to three weights normalised to sum 1."""
-    text = str(split_string).strip()
+    """`--split "969,30,1"` (or "969/30/1", or "98") to three weights normalised to sum 1. Quotes
+    left around the value by a launch script (`--split '99,1,0'` inside a variable that the shell
+    word-splits) are dropped, as Megatron's parser ignores them."""
+    text = str(split_string).strip().strip("'\"")
     parts = text.split(",") if "," in text else text.split("/")
     try:
         weights = [float(p) for p in parts]

@@ -10,11 +10,14 @@ from rapidgpt.global_vars import get_logger, get_tensorboard_writer, get_timers,
 
 def training_log_line(iteration, train_iters, consumed_samples, ms_per_iteration, learning_rate,
                       global_batch_size, losses, loss_scale, grad_norm, skipped, nan, per_second,
-                      unit="tokens"):
-    """Megatron's training line, field for field (`losses`: {name: interval mean})."""
+                      unit="tokens", tflops_per_rank=None):
+    """Megatron's training line, field for field (`losses`: {name: interval mean};
+    `tflops_per_rank`: --log-throughput's figure, or None)."""
     line = f" iteration {iteration:8d}/{train_iters:8d} |"
     line += f" consumed samples: {consumed_samples:12d} |"
     line += f" elapsed time per iteration (ms): {ms_per_iteration:.1f} |"
+    if tflops_per_rank is not None:
+        line += f" throughput per GPU (TFLOP/s/GPU): {tflops_per_rank:.1f} |"
     line += f" learning rate: {learning_rate:.6E} |"
     line += f" global batch size: {global_batch_size:5d} |"
     for name, value in losses.items():       # Megatron leaves out a loss no update contributed to
@@ -60,8 +63,10 @@ def report_metrics(label, iteration, metrics, split="validation"):
 class Reporter:
     """Accumulates per-iteration results and writes the log line every `log_interval` iterations."""
 
-    def __init__(self, args, train_iters, start_iteration=0, unit="tokens"):
+    def __init__(self, args, train_iters, start_iteration=0, unit="tokens", flops_per_iteration=None):
+        """`flops_per_iteration`: with --log-throughput, the iteration's FLOPs (all ranks together)."""
         self.args, self.unit = args, unit
+        self.flops_per_iteration = flops_per_iteration
         self.timers = get_timers()
         self.train_iters = train_iters
         self.writer = get_tensorboard_writer()
@@ -108,10 +113,14 @@ class Reporter:
         if iteration % self.args.log_interval == 0 or iteration == self.train_iters:
             per_iter = self.seconds / self.iters
             averages = ({n: v / self.advanced for n, v in self.loss_sum.items()} if self.advanced else {})
+            tflops = (None if self.flops_per_iteration is None
+                      else self.flops_per_iteration / (max(per_iter, 1e-9) * 1e12 * self.args.world_size))
+            if tflops is not None and self.writer is not None:
+                self.writer.add_scalar("throughput", tflops, iteration)
             self.logger.info(training_log_line(
                 iteration, self.train_iters, consumed_samples, per_iter * 1000.0, lr,
                 self.args.global_batch_size, averages, step.loss_scale, self.grad_norm if self.advanced else None,
-                self.skipped, self.nan, units / max(per_iter, 1e-9), self.unit))
+                self.skipped, self.nan, units / max(per_iter, 1e-9), self.unit, tflops))
             if self.args.timing_log_level >= 1:         # a collective: every rank logs here
                 timing = self.timers.log(["batch-generator", "forward-backward-optimizer", "evaluate",
                                           "forward-compute", "backward-compute", "pipeline-p2p"],

@@ -23,7 +23,7 @@ from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import (get_data_parallel_group, get_parallel_state, is_pipeline_first_stage,
                                      is_pipeline_last_stage)
-from rapidgpt.theoretical_memory import startup_line
+from rapidgpt.theoretical_memory import shape_from_args, startup_line, training_flops
 from rapidgpt.training.checkpoint_files import start_checkpoint
 from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_pretrained_weights,
                                              save_checkpoint)
@@ -208,7 +208,8 @@ class Trainer:
             step = TrainStep(forward, optimizer, n, in_fp32, jit=args.jit, compile_cache=cache,
                              barrier=barrier if args.world_size > 1 else None)
         self.logger.info(f" > gradients handed to the optimizer on this rank: {step.gradient_bytes} bytes")
-        reporter = Reporter(args, train_iters, start_iteration, self.throughput_unit)
+        reporter = Reporter(args, train_iters, start_iteration, self.throughput_unit,
+                            self.flops_per_iteration(model) if args.log_throughput else None)
         model.set_train(True)
         started, iteration, saved = time.time(), start_iteration, True
         try:
@@ -266,6 +267,12 @@ class Trainer:
             return PipelineEvalStep(forward, model, self.activation_shape(),
                                     getattr(ms, self.args.precision.params_dtype))
         return EvalStep(forward, jit=self.args.jit, barrier=barrier if self.args.world_size > 1 else None)
+
+    def flops_per_iteration(self, model):
+        """--log-throughput: Megatron's FLOPs of one iteration, from the model flags (its formula is
+        the GPT's, used for any model as Megatron does) and the model's or the flags' vocabulary."""
+        vocab = getattr(model, "vocab_size", None) or self.args.vocab_size or 0
+        return training_flops(shape_from_args(self.args, vocab), self.args.global_batch_size)
 
     def activation_shape(self):
         """What pipeline stages send each other: `[micro batch, seq length, hidden size]` (with

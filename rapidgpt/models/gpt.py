@@ -88,14 +88,14 @@ class GPTModel(LanguageModelStage):
             if self.learned_positions:
                 self.position_embeddings = ReplicatedEmbedding(config.max_position_embeddings, h, std)
             if sp:
-                self.scatter_sequence = ScatterToSequenceParallelRegion()
+                self.scatter_sequence = SubCell(ScatterToSequenceParallelRegion())
             self.embedding_dropout = Dropout(config.hidden_dropout, partition_dim=1 if sp else None)
         self.rotary = RotaryEmbedding(config) if config.position_embedding_type == "rope" else None
         self.layers = TransformerLayers(OrderedDict((str(i), ParallelTransformerLayer(config)) for i in self.stage_layers))
         if self.post_process:
             self.final_layernorm = build_norm(config, h, summed_over_tp=sp)
             if sp:       # the output layer's copy_to_region sums the gradient: the gather only splits it
-                self.gather_sequence = GatherFromSequenceParallelRegion(reduce_grad=False)
+                self.gather_sequence = SubCell(GatherFromSequenceParallelRegion(reduce_grad=False))
             self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
                                                       drawn_rows=vocab_size) if self.untied else None)
             self.head = LanguageModelHead(vocab_size, padded_vocab_size)
@@ -153,6 +153,19 @@ class GPTModel(LanguageModelStage):
             b, s, _ = x.shape
             return self.logits(x).reshape(b, s, self.vocab_size)
         return self.head(x, self.output_weight(), labels)
+
+
+class SubCell(nn.Cell):
+    """`cell` called from a cell of its own: a region boundary the model calls (it has a custom
+    backward) must not sit in the model's own construct, which a pipeline stage runs op by op
+    (rapidgpt/training/model_transforms.py compiles sub-cells that hold one)."""
+
+    def __init__(self, cell):
+        super().__init__()
+        self.cell = cell
+
+    def construct(self, x):
+        return self.cell(x)
 
 
 class LanguageModelHead(nn.Cell):

@@ -63,6 +63,10 @@ def _batch_args(parser):
     g.add_argument("--train-iters", type=int, default=None)
     g.add_argument("--train-samples", type=int, default=None)
     g.add_argument("--epochs", type=int, default=None, help="finetuning: passes over the train set")
+    g.add_argument("--calculate-per-token-loss", action="store_true",
+                   help="Megatron's: the step's loss is the mean over all its tokens (every micro-batch and "
+                        "data-parallel rank), not the mean of per-micro-batch means; the loss function returns "
+                        "(loss summed over its tokens, number of tokens)")
 
 
 def _finetuning_args(parser):
@@ -640,6 +644,9 @@ def _check_checkpointing(args, check, world_size):
 def _check_task(args, check, world_size):
     check.require(args.num_classes is None or args.num_classes >= 2,
                   f"--num-classes: must be >= 2, got {args.num_classes}")
+    check.require(not (args.calculate_per_token_loss and args.task == "sequence_classification"),
+                  "--calculate-per-token-loss: --task sequence_classification's loss is a mean over samples, "
+                  "not tokens; drop the flag")
     if args.task == "pretraining":
         check.require(args.train_iters,
                       "--train-iters: --task pretraining needs the training length; give --train-iters "

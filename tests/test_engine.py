@@ -341,10 +341,10 @@ def _model_and_batch(args, batch_size, seed=3):
     return model, batch
 
 
-def _forward(model):
+def _forward(model, per_token=False):
     def forward(batch):
         output = model(batch["tokens"], batch["position_ids"], None, batch["labels"])
-        return output, lambda out: lm_loss_func(batch["loss_mask"], out)
+        return output, lambda out: lm_loss_func(batch["loss_mask"], out, per_token)
     return forward
 
 
@@ -505,3 +505,46 @@ def test_non_finite_step_is_skipped_and_weights_untouched():
     assert not finite and math.isnan(loss) and math.isnan(norm)
     for p in model.trainable_params():
         np.testing.assert_array_equal(p.asnumpy(), before[p.name], err_msg=p.name)
+
+
+def _squared_forward(net, per_token):
+    """The forward hook: per-token losses (x w)^2 and the loss mask's lm_loss_func."""
+    from functools import partial
+
+    def forward(batch):
+        return net(batch[0]).squeeze(-1) ** 2, partial(lm_loss_func, batch[1], per_token=per_token)
+    return forward
+
+
+@pytest.mark.parametrize("jit", [True, False], ids=["compiled", "eager"])
+def test_per_token_loss_is_the_mean_over_every_token_of_the_step(jit):
+    """--calculate-per-token-loss (Megatron's): three micro-batches whose loss masks keep 5, 1 and
+    3 tokens. The step's loss and gradient (read from one SGD update, lr 1) are those of the mean
+    over the 9 tokens (numpy), not of the mean of the micro-batches' means, the default's."""
+    import mindspore as ms
+    from mindspore import nn
+
+    from rapidgpt.optim import SGD
+
+    make_engine()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 6, 4)).astype(np.float32)
+    mask = np.zeros((3, 6), np.float32)
+    mask[0, :5], mask[1, 2], mask[2, 1:4] = 1, 1, 1
+    w0 = rng.standard_normal((1, 4)).astype(np.float32)
+    token_loss = (x @ w0[0]) ** 2                                                   # [3, 6]
+    token_grad = 2 * (x @ w0[0])[..., None] * x                                     # [3, 6, 4]
+    expected = {True: ((token_loss * mask).sum() / mask.sum(),
+                       (token_grad * mask[..., None]).sum((0, 1)) / mask.sum()),
+                False: (np.mean([(token_loss[i] * mask[i]).sum() / mask[i].sum() for i in range(3)]),
+                        np.mean([(token_grad[i] * mask[i][:, None]).sum(0) / mask[i].sum() for i in range(3)], 0))}
+    for per_token, (loss, grad) in expected.items():
+        net = nn.Dense(4, 1, has_bias=False)
+        net.weight.set_data(Tensor(w0))
+
+        step = TrainStep(_squared_forward(net, per_token), OptimizerWrapper.around(SGD(net.trainable_params(), 1.0, momentum=0.0)), 3,
+                         jit=jit, per_token=per_token)
+        result = step((Tensor(x), Tensor(mask)), 1.0, 1)
+        assert result.loss == pytest.approx(loss, rel=1e-5), per_token
+        np.testing.assert_allclose(w0[0] - net.weight.asnumpy()[0], grad, rtol=1e-5, err_msg=str(per_token))
+    assert not np.isclose(expected[True][0], expected[False][0], rtol=1e-3)      # the test can tell them apart

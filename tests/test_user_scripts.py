@@ -103,6 +103,19 @@ def test_user_script_pretrain_gpt(env, demo):
     assert "validation loss at the end of training for test data" in out
 
 
+def test_per_token_loss_with_whole_micro_batches_is_the_default_loss(env, demo):
+    """user_scripts/pretrain_gpt.py's loss_func returns Megatron's (loss sum, tokens). With every
+    token counted and one micro-batch per step, --calculate-per-token-loss gives the default's
+    losses and gradient norms. (Guards the compiled per-token step: written with a conditional
+    expression, MindSpore 2.10 compiled it to gradients ~8x too large, which this caught.)"""
+    common = ["--user-script", str(USER_SCRIPTS / "pretrain_gpt.py"), *TINY_GPT, "--data-path", demo["data_prefix"],
+              *tokenizer_flags(demo), "--micro-batch-size", "8", "--global-batch-size", "8", "--train-iters", "3",
+              "--log-interval", "1", "--eval-iters", "1", "--hidden-dropout", "0", "--attention-dropout", "0"]
+    values = [re.findall(r"lm loss: ([\d.E+-]+) \|.*?grad norm: ([\d.]+)", run_ok(common + extra, env))
+              for extra in ([], ["--calculate-per-token-loss"])]
+    assert len(values[0]) == 3 and values[0] == values[1], values
+
+
 def test_user_script_pretrain_gpt_requires_data_path(env, demo):
     result = run(["--user-script", str(USER_SCRIPTS / "pretrain_gpt.py"), *TINY_GPT,
                   *tokenizer_flags(demo), "--train-iters", "2"], env)

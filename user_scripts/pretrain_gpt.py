@@ -50,14 +50,16 @@ def get_batch(data_iterator):
 
 
 def loss_func(loss_mask, output_tensor):
-    """Mean cross-entropy over the tokens where loss_mask is 1.
+    """Megatron's loss_func: the cross-entropy summed over the tokens where loss_mask is 1, and
+    their number. The engine divides the sum by the micro-batch's tokens (the mean, by default) or,
+    with --calculate-per-token-loss, by all the tokens of the step.
 
     `output_tensor` is the per-token loss `[b, s]` the GPT returns when given labels.
     (Megatron also returns `{"lm loss": ...}` for logging; RapidGPT logs the loss as "lm loss"
-    itself, so the loss alone is enough.)
+    itself.)
     """
     loss_mask = loss_mask.astype(output_tensor.dtype)
-    return (output_tensor * loss_mask).sum() / loss_mask.sum()
+    return (output_tensor * loss_mask).sum(), loss_mask.sum()
 
 
 # ----------------------------------------------------------------------------------------------

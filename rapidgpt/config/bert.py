@@ -53,6 +53,9 @@ def check_bert_args(args, check):
                       "--data-path: BERT pretraining needs a sentence-level corpus (data_tools/preprocess_data.py "
                       "--split-sentences makes one, e.g. corpus_text_sentence); the embedded demo corpus is "
                       "the GPT's")
+        check.require(not args.calculate_per_token_loss,
+                      "--calculate-per-token-loss: the built-in BERT's losses (masked LM and sentence order) are "
+                      "means of their own; drop the flag")
         check.require(not args.sequence_parallel,
                       "--sequence-parallel: the built-in BERT does not split the sequence; drop the flag")
         check.require(not args.untie_embeddings_and_output_weights,

@@ -221,9 +221,13 @@ class LanguageModelHead(nn.Cell):
         return losses.reshape(labels.shape)
 
 
-def lm_loss_func(loss_mask, output_tensor):
-    """Megatron's loss_func: mean of the per-token losses where `loss_mask` is 1."""
+def lm_loss_func(loss_mask, output_tensor, per_token=False):
+    """Megatron's loss_func: mean of the per-token losses where `loss_mask` is 1; with `per_token`
+    (--calculate-per-token-loss) their sum and count, (sum, tokens), which the schedule divides by
+    all the step's tokens (rapidgpt/training/schedules.py)."""
     loss_mask = loss_mask.astype(output_tensor.dtype)
+    if per_token:
+        return (output_tensor * loss_mask).sum(), loss_mask.sum()
     return (output_tensor * loss_mask).sum() / loss_mask.sum()
 
 

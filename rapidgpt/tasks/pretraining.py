@@ -60,7 +60,7 @@ class GPTPretrainer(Pretrainer):
         batch = next_batch(data_iterator)
         attention_mask = batch["attention_mask"] if "attention_mask" in batch else None
         output = model(batch["tokens"], batch["position_ids"], attention_mask, batch["labels"])
-        return output, partial(lm_loss_func, batch["loss_mask"])
+        return output, partial(lm_loss_func, batch["loss_mask"], per_token=self.args.calculate_per_token_loss)
 
 
 def bert_dataset_config(args):

@@ -38,17 +38,25 @@ def check_length(dataset, needed, split, how):
             f"built to the sample counts the hook is given) or lower the counts")
 
 
-def forward_output_problem(output):
+def forward_output_problem(output, per_token=False):
     """Why a forward hook's `output` is not a loss (None when it is): a scalar Tensor, or
-    Megatron's `(output, loss_fn)` whose loss_fn gives one."""
+    Megatron's `(output, loss_fn)` whose loss_fn gives one (with `per_token`,
+    --calculate-per-token-loss: (loss sum, tokens))."""
     if isinstance(output, tuple):
         if len(output) != 2 or not callable(output[1]):
             kinds = ", ".join(type(x).__name__ for x in output)
             return (f"returned a tuple ({kinds}); return the scalar loss, or Megatron's (output, loss_fn) "
                     f"with loss_fn(output) -> loss. If you return (logits, loss), return loss alone")
         output = output[1](output[0])
+        values = output[:-1] if isinstance(output, tuple) and isinstance(output[-1], dict) else output
+        if per_token and not (isinstance(values, tuple) and len(values) == 2):
+            return ("(--calculate-per-token-loss) gave a loss function that returns the loss alone; it must "
+                    "return Megatron's (loss summed over its tokens, number of tokens)")
         if isinstance(output, tuple):
             output = output[0]
+    elif per_token:
+        return ("returned the loss alone; with --calculate-per-token-loss return Megatron's (output, loss_fn) "
+                "with loss_fn(output) -> (loss summed over its tokens, number of tokens)")
     if not isinstance(output, Tensor):
         return f"returned {type(output).__name__}; it must return the loss as a scalar MindSpore Tensor"
     if output.ndim != 0:
@@ -72,7 +80,8 @@ def diagnose_first_step(forward, micro_batch, error):
         raise error from None
     except Exception:         # noqa: BLE001 - not a contract problem: the original error says more
         raise error from None
-    problem = forward_output_problem(output)
+    from rapidgpt.global_vars import get_args
+    problem = forward_output_problem(output, getattr(get_args(), "calculate_per_token_loss", False))
     if problem:
         raise HookContractError(f"run_forward_step {problem}") from None
     raise error

@@ -48,8 +48,8 @@ from rapidgpt.parallel.state import (get_data_parallel_rank, get_data_parallel_w
                                      get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
                                      get_pipeline_neighbour_groups)
 from rapidgpt.training.schedules import (DataParallelFinalize, accumulate, add_stats, casts_to_fp32, loss_and_stats,
-                                         loss_multiplier, micro_batch_dropout_key, select_micro_batch, stacked_losses,
-                                         unstacked_losses)
+                                         loss_multiplier, micro_batch_dropout_key, per_token_finalize,
+                                         select_micro_batch, stacked_losses, unstacked_losses)
 from rapidgpt.training.step import StepResult, compile_then_meet, floats
 
 
@@ -76,15 +76,15 @@ class StageForward:
     `(loss, stats)` in fp32. `input_tensor` (stages after the first) reaches the model through
     set_input_tensor."""
 
-    def __init__(self, forward, model, last):
-        self.forward, self.model, self.last = forward, model, last
+    def __init__(self, forward, model, last, per_token=False):
+        self.forward, self.model, self.last, self.per_token = forward, model, last, per_token
 
     def __call__(self, micro_batch, input_tensor=None):
         if input_tensor is not None:
             self.model.set_input_tensor(input_tensor)
         output = self.forward(micro_batch)
         if self.last:
-            return loss_and_stats(output)
+            return loss_and_stats(output, self.per_token)
         return stage_output(output)
 
 
@@ -136,11 +136,12 @@ class StatNames:
             self.names = text.split("\n") if text else []
         return self.names
 
-    def stacked(self, loss, stats):
-        """`[1 + k]` on every stage: the last stage's loss and statistics (zeros elsewhere)."""
+    def stacked(self, loss, stats, extra=0):
+        """`[1 + extra + k]` on every stage: the last stage's loss and `stats` (`extra` values, e.g.
+        the token count, then the k statistics; zeros elsewhere)."""
         if self.last:
             return stacked_losses(loss, stats)
-        return ops.zeros((1 + len(self.names),), ms.float32)
+        return ops.zeros((1 + extra + len(self.names),), ms.float32)
 
 
 class ForwardBackwardPipelining:
@@ -154,12 +155,13 @@ class ForwardBackwardPipelining:
     """
 
     def __init__(self, forward, model, params, num_micro_batches, activation_shape, activation_dtype,
-                 accumulate_in_fp32=True, gradient_layout=None):
+                 accumulate_in_fp32=True, gradient_layout=None, per_token=False):
         self.pp_size, self.stage = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
         self.first, self.last = self.stage == 0, self.stage == self.pp_size - 1
         self.params = tuple(params)
         self.m = num_micro_batches
-        self.run_forward = StageForward(forward, model, self.last)
+        self.per_token = per_token
+        self.run_forward = StageForward(forward, model, self.last, per_token)
         self.links = StageLinks(*get_pipeline_neighbour_groups(), activation_shape, activation_dtype)
         self.cast_to_fp32 = casts_to_fp32(self.params, accumulate_in_fp32)
         self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
@@ -173,7 +175,7 @@ class ForwardBackwardPipelining:
 
     def __call__(self, stacked, iteration, loss_scale):
         m, dp = self.m, self.dp_size
-        multiplier = Tensor(loss_multiplier(loss_scale, m, dp), ms.float32)
+        multiplier = Tensor(loss_multiplier(loss_scale, m, dp, self.per_token), ms.float32)
         keys = [micro_batch_dropout_key(iteration, i, dp, self.dp_rank) for i in range(m)]
         batches = [select_micro_batch(stacked, i) for i in range(m)]
         if not self.warmed_up:
@@ -193,9 +195,10 @@ class ForwardBackwardPipelining:
                     inputs[i].requires_grad_()
                     output = self.run_forward(batches[i], inputs[i])
                 if self.last:
-                    output, micro_stats = output
+                    output, tokens, micro_stats = output
                     total = output if total is None else total + output
-                    stats = add_stats(stats, tuple(ops.stop_gradient(v) for v in micro_stats.values()))
+                    values = tuple(ops.stop_gradient(v) for v in micro_stats.values())
+                    stats = add_stats(stats, values if tokens is None else (ops.stop_gradient(tokens),) + values)
                     names = list(micro_stats)
                     output = output * multiplier
             outputs[i] = output             # held (with what its backward needs) until its backward
@@ -238,7 +241,9 @@ class ForwardBackwardPipelining:
                 synchronize()
             timer.stop()
         names = self.stat_names.learn(names)
-        loss = self.stat_names.stacked(ops.stop_gradient(total) if self.last else None, stats) / m
+        loss = self.stat_names.stacked(ops.stop_gradient(total) if self.last else None, stats, int(self.per_token))
+        if not self.per_token:      # per-token: sums, divided by the step's tokens below
+            loss = loss / m
         if self.finalize_dp.sharded:
             # ZeRO-2: the tied embeddings first, as the DP reduction leaves pieces cut by each
             # stage's own layout. (Megatron's order, DP then embedding group, leaves both copies
@@ -248,7 +253,10 @@ class ForwardBackwardPipelining:
         else:
             loss, grads = self.finalize_dp(loss, grads)
             grads = self._sum_embedding_grads(grads)
-        loss, stats = unstacked_losses(self.pipeline_sum(loss), names)   # every stage: the last stage's
+        values = self.pipeline_sum(loss)                # every stage: the last stage's
+        if self.per_token:
+            values, grads = per_token_finalize(values, grads, self.dp_size)
+        loss, stats = unstacked_losses(values, names)
         return loss, stats, grads
 
     def _sum_embedding_grads(self, grads):
@@ -267,11 +275,11 @@ class PipelineTrainStep:
     then the compiled optimizer wrapper (norm and overflow over TP x PP; every rank under ZeRO-2)."""
 
     def __init__(self, forward, model, optimizer, num_micro_batches, activation_shape, accumulate_in_fp32=True,
-                 jit=True):
+                 jit=True, per_token=False):
         dtype = optimizer.parameters[0].dtype
         self.schedule = ForwardBackwardPipelining(forward, model, optimizer.parameters, num_micro_batches,
                                                   activation_shape, dtype, accumulate_in_fp32,
-                                                  optimizer.gradient_layout)
+                                                  optimizer.gradient_layout, per_token)
         self.gradient_bytes = self.schedule.finalize_dp.gradient_bytes
         self.optimizer = optimizer
         self._update = ms.jit(optimizer.construct) if jit else optimizer
@@ -290,13 +298,14 @@ class PipelineTrainStep:
 
 
 class PipelineEvalStep:
-    """`step(micro_batch) -> (loss, {name: statistic})` on every stage: forward only, the loss
-    computed on the last stage."""
+    """`step(micro_batch) -> (loss, {name: statistic}, tokens)` on every stage: forward only, the
+    loss computed on the last stage (as EvalStep's: sums and their tokens with `per_token`)."""
 
-    def __init__(self, forward, model, activation_shape, dtype):
+    def __init__(self, forward, model, activation_shape, dtype, per_token=False):
         pp_size, stage = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
         self.first, self.last = stage == 0, stage == pp_size - 1
-        self.run_forward = StageForward(forward, model, self.last)
+        self.per_token = per_token
+        self.run_forward = StageForward(forward, model, self.last, per_token)
         self.links = StageLinks(*get_pipeline_neighbour_groups(), activation_shape, dtype)
         self.pipeline_sum = comm.AllReduce(get_pipeline_model_parallel_group())
         self.stat_names = StatNames(self.last)
@@ -315,7 +324,11 @@ class PipelineEvalStep:
                 output = self.run_forward(micro_batch) if self.first else self.run_forward(micro_batch, received)
             else:
                 self.links.send_forward(output)
-        loss, stats = output if self.last else (None, {})
+        loss, tokens, stats = output if self.last else (None, None, {})
         names = self.stat_names.learn(stats)
-        loss, stats = unstacked_losses(self.pipeline_sum(self.stat_names.stacked(loss, tuple(stats.values()))), names)
-        return float(loss), floats(stats)
+        values = tuple(stats.values()) if tokens is None else (tokens,) + tuple(stats.values())
+        values = self.pipeline_sum(self.stat_names.stacked(loss, values, int(self.per_token)))
+        if self.per_token:
+            tokens, values = float(values[1]), ops.cat((values[:1], values[2:]))
+        loss, stats = unstacked_losses(values, names)
+        return float(loss), floats(stats), tokens if self.per_token else 1.0

@@ -52,13 +52,14 @@ class Pretrainer(Trainer):
 
     def run_compute_metrics(self, model, eval_data_iterator):
         """Default evaluation, Megatron's: the mean over --eval-iters global batches of each statistic
-        the loss function returns (BERT: "lm loss", "sop loss"), or of the loss ("lm loss")."""
+        the loss function returns (BERT: "lm loss", "sop loss"), or of the loss ("lm loss"); with
+        --calculate-per-token-loss the sums over all their tokens divided by the tokens."""
         n = self.args.eval_iters * self.args.num_micro_batches
         results = [self._eval_step(to_tensors(next(eval_data_iterator))) for _ in range(n)]
         names = list(results[0][1]) if results else []
-        columns = [[loss] + [stats[name] for name in names] for loss, stats in results]
-        values = self.gather(np.array(columns, np.float64).reshape(len(results), 1 + len(names)))
-        means = values.mean(axis=0) if len(values) else np.zeros(1 + len(names))
+        columns = [[loss] + [stats[name] for name in names] + [tokens] for loss, stats, tokens in results]
+        values = self.gather(np.array(columns, np.float64).reshape(len(results), 2 + len(names)))
+        means = values[:, :-1].sum(axis=0) / values[:, -1].sum() if len(values) else np.zeros(1 + len(names))
         return {name: float(mean) for name, mean in zip(names, means[1:])} if names else {"lm loss": float(means[0])}
 
     def train_val_test_num_samples(self):

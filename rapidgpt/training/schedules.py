@@ -6,6 +6,14 @@ The micro-batches of a step arrive stacked, a dict (or tuple) of tensors `[num_m
 `forward(micro_batch)` is the user's forward hook, returning a loss (or Megatron's
 `(output, loss_fn)`, whose loss_fn may return `(loss, {name: value})`: those statistics, e.g.
 BERT's "lm loss" and "sop loss", are averaged as the loss is and logged instead of it).
+
+Per-token loss (--calculate-per-token-loss, Megatron's): the loss function returns Megatron's
+`(loss summed over its tokens, number of tokens)` (optionally with the statistics dict, summed the
+same way). Without the flag such a loss is that micro-batch's mean (sum / tokens), averaged over
+the micro-batches and data-parallel ranks as any loss; with it the step's gradient is the gradient
+of the sum of every token's loss over all micro-batches and data-parallel ranks, divided by the
+number of those tokens (`per_token_finalize`), and the logged loss is that per-token mean: the
+result no longer depends on how tokens fall into micro-batches and ranks.
 """
 import mindspore as ms
 import numpy as np
@@ -18,16 +26,31 @@ from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_r
 from rapidgpt.tensor_tuples import map_tensors, to_fp32
 
 
-def loss_and_stats(output):
-    """A forward hook's result as `(loss, stats)` in fp32: `loss`, `(output, loss_fn)` as Megatron's
-    forward_step returns, and a loss_fn returning `loss` or `(loss, {name: scalar})` (Megatron's
-    logged statistics; `stats` is empty without them) are all accepted."""
-    stats = {}
+def loss_and_stats(output, per_token=False):
+    """A forward hook's result as `(loss, tokens, stats)` in fp32: `loss`, `(output, loss_fn)` as
+    Megatron's forward_step returns, and a loss_fn returning `loss`, `(loss, {name: scalar})`
+    (Megatron's logged statistics; `stats` is empty without them), or Megatron's per-token
+    `(loss sum, tokens)` / `(loss sum, tokens, {name: sum})` are all accepted. `per_token`
+    (--calculate-per-token-loss): `loss` and `stats` are sums and `tokens` their count; else they
+    are means and `tokens` is None."""
+    stats, tokens = {}, None
     if isinstance(output, tuple):
         output = output[1](output[0])
         if isinstance(output, tuple):
-            output, stats = output[0], output[-1] if isinstance(output[-1], dict) else {}
-    return ops.cast(output, ms.float32), {name: ops.cast(value, ms.float32).reshape(()) for name, value in stats.items()}
+            stats = output[-1] if isinstance(output[-1], dict) else {}
+            values = output[:-1] if isinstance(output[-1], dict) else output
+            output, tokens = values[0], values[1] if len(values) > 1 else None
+    loss = ops.cast(output, ms.float32)
+    stats = {name: ops.cast(value, ms.float32).reshape(()) for name, value in stats.items()}
+    if per_token:
+        if tokens is None:
+            raise ValueError("--calculate-per-token-loss: the loss function must return (loss summed over "
+                             "its tokens, number of tokens)")
+        return loss, ops.cast(tokens, ms.float32).reshape(()), stats
+    if tokens is not None:
+        tokens = ops.cast(tokens, ms.float32)
+        return loss / tokens, None, {name: value / tokens for name, value in stats.items()}
+    return loss, None, stats
 
 
 def add_stats(total, values):
@@ -74,12 +97,13 @@ def select_micro_batch(stacked, i):
 
 # The per-step bookkeeping every schedule shares (with and without pipelining).
 
-def loss_multiplier(loss_scale, num_micro_batches, dp_size):
+def loss_multiplier(loss_scale, num_micro_batches, dp_size, per_token=False):
     """What each micro-batch's loss is multiplied by before its backward: loss_scale / (n * dp).
     (Megatron divides the loss by n before the backward and its DDP scales the gradients by 1/dp,
     so the sum over DP ranks is the mean and fp16 overflows at the same loss scale in every
-    layout.)"""
-    divisor = num_micro_batches * dp_size
+    layout.) With `per_token` the loss scale alone: the gradients are divided by the step's
+    tokens after the data-parallel sum (`per_token_finalize`)."""
+    divisor = 1 if per_token else num_micro_batches * dp_size
     return 1.0 / divisor if loss_scale is None else loss_scale / divisor
 
 
@@ -112,6 +136,20 @@ def gradient_dtype(params, cast_to_fp32):
     dtypes differ and the gradients must share one flat buffer)."""
     dtypes = {p.dtype for p in params}
     return ms.float32 if cast_to_fp32 or len(dtypes) > 1 else dtypes.pop()
+
+
+def _times(factor, grad):
+    return grad * factor.astype(grad.dtype)
+
+
+def per_token_finalize(values, grads, dp_size):
+    """--calculate-per-token-loss, after DataParallelFinalize: `values` `[1 + 1 + k]` are the loss
+    sum, the token count and k statistics' sums, each averaged over the data-parallel ranks, and
+    `grads` the gradients of the loss sums, summed over them -> (`[1 + k]` per-token means, the
+    gradients divided by the tokens of every rank: Megatron's finalize_model_grads with num_tokens)."""
+    tokens = values[1]
+    means = ops.cat((values[:1], values[2:])) / tokens
+    return means, map_tensors(ops.partial(_times, 1.0 / (tokens * dp_size)), grads)
 
 
 class DataParallelFinalize(nn.Cell):
@@ -161,10 +199,12 @@ class ForwardBackwardNoPipelining(nn.Cell):
     order.
     """
 
-    def __init__(self, forward, params, num_micro_batches, accumulate_in_fp32=True, gradient_layout=None):
+    def __init__(self, forward, params, num_micro_batches, accumulate_in_fp32=True, gradient_layout=None,
+                 per_token=False):
         super().__init__(auto_prefix=False)
         self.forward = forward
         self.num_micro_batches = num_micro_batches
+        self.per_token = per_token
         self.cast_to_fp32 = casts_to_fp32(params, accumulate_in_fp32)
         self.grad_fn = ms.value_and_grad(self.micro_batch_loss, None, ParameterTuple(params), has_aux=True)
         self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
@@ -177,8 +217,13 @@ class ForwardBackwardNoPipelining(nn.Cell):
         value_and_grad's aux, when the gradient function is called more than once in a graph, as
         constants of the first compilation (measured)."""
         set_dropout_key(key)
-        loss, stats = loss_and_stats(self.forward(micro_batch))
-        return loss * loss_multiplier, loss, tuple(stats.values()), tuple(stats.keys())
+        loss, tokens, stats = loss_and_stats(self.forward(micro_batch), self.per_token)
+        # An `if` statement, not `x if tokens is None else y`: MindSpore 2.10 compiled that
+        # conditional expression here so that the gradients came out ~8x too large (the GPT's
+        # per-token step, measured; tests/test_user_scripts.py checks it).
+        if tokens is None:
+            return loss * loss_multiplier, loss, tuple(stats.values()), tuple(stats.keys())
+        return loss * loss_multiplier, loss, (tokens,) + tuple(stats.values()), tuple(stats.keys())
 
     def micro_batch(self, stacked, i, iteration, multiplier):
         """Micro-batch i's forward and backward. The dropout key's assign is inside the
@@ -190,7 +235,7 @@ class ForwardBackwardNoPipelining(nn.Cell):
 
     def construct(self, stacked, iteration, loss_scale=None):
         n = self.num_micro_batches
-        multiplier = loss_multiplier(loss_scale, n, self.dp_size)
+        multiplier = loss_multiplier(loss_scale, n, self.dp_size, self.per_token)
         # Every output is used (ops.depend): a graph with a side effect (the dropout key) and an
         # unused value makes MindSpore warn "Some side effect nodes were eliminated by mistake".
         (scaled, total, stats, names), grads = self.micro_batch(stacked, 0, iteration, multiplier)
@@ -206,5 +251,8 @@ class ForwardBackwardNoPipelining(nn.Cell):
             total = total + ops.depend(ops.depend(loss, scaled), same_names)
             stats = add_stats(stats, micro_stats)
             grads = accumulate(grads, micro_grads, self.cast_to_fp32)
-        values, grads = self.finalize(stacked_losses(total, stats) / n, grads)
+        if self.per_token:          # stats: the tokens, then the statistics' sums
+            values, grads = per_token_finalize(*self.finalize(stacked_losses(total, stats), grads), self.dp_size)
+        else:
+            values, grads = self.finalize(stacked_losses(total, stats) / n, grads)
         return values, encode_names(names), grads

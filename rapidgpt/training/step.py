@@ -78,9 +78,9 @@ class TrainStep:
     """
 
     def __init__(self, forward, optimizer, num_micro_batches, accumulate_in_fp32=True, jit=True,
-                 compile_cache=None, barrier=None):
+                 compile_cache=None, barrier=None, per_token=False):
         schedule = ForwardBackwardNoPipelining(forward, optimizer.parameters, num_micro_batches, accumulate_in_fp32,
-                                               optimizer.gradient_layout)
+                                               optimizer.gradient_layout, per_token)
         self.gradient_bytes = schedule.finalize.gradient_bytes
         cell = _StepCell(schedule, optimizer)
         self._step = ms.jit(cell.construct) if jit else cell
@@ -117,16 +117,18 @@ class TrainStep:
 
 
 class EvalStep:
-    """Callable `step(micro_batch) -> (loss, {name: statistic})` (forward only, compiled unless
-    jit=False). `barrier`: as TrainStep's, for the first evaluation."""
+    """Callable `step(micro_batch) -> (loss, {name: statistic}, tokens)` (forward only, compiled
+    unless jit=False): means and tokens 1.0, or with `per_token` (--calculate-per-token-loss) sums
+    and their token count. `barrier`: as TrainStep's, for the first evaluation."""
 
-    def __init__(self, forward, jit=True, barrier=None):
+    def __init__(self, forward, jit=True, barrier=None, per_token=False):
         def step(micro_batch):
-            loss, stats = loss_and_stats(forward(micro_batch))
-            return ops.stop_gradient(loss), {name: ops.stop_gradient(value) for name, value in stats.items()}
+            loss, tokens, stats = loss_and_stats(forward(micro_batch), per_token)
+            stats = {name: ops.stop_gradient(value) for name, value in stats.items()}
+            return ops.stop_gradient(loss), stats, (ops.stop_gradient(tokens) if per_token else loss)
 
         self._step = ms.jit(step) if jit else step
-        self._forward, self._ran = forward, False
+        self._forward, self._ran, self._per_token = forward, False, per_token
         self._barrier = barrier if jit else None
 
     def __call__(self, micro_batch):
@@ -134,8 +136,8 @@ class EvalStep:
             batch = ms.mutable(micro_batch)
             if not self._ran:
                 compile_then_meet(self._step, (batch,), self._barrier, "evaluation step")
-            loss, stats = self._step(batch)
-            result = float(loss), floats(stats)
+            loss, stats, tokens = self._step(batch)
+            result = float(loss), floats(stats), float(tokens) if self._per_token else 1.0
         except Exception as error:
             if self._ran:
                 raise

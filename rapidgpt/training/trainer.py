@@ -201,12 +201,13 @@ class Trainer:
         units_per_iteration = gbs * (args.seq_length if self.throughput_unit == "tokens" else 1)
         in_fp32 = args.precision.accumulate_allreduce_grads_in_fp32
         if args.pipeline_model_parallel_size > 1:
-            step = PipelineTrainStep(forward, model, optimizer, n, self.activation_shape(), in_fp32, jit=args.jit)
+            step = PipelineTrainStep(forward, model, optimizer, n, self.activation_shape(), in_fp32, jit=args.jit,
+                                     per_token=args.calculate_per_token_loss)
         else:
             cache = (StepGraphCache(args, optimizer.parameters, get_parallel_state().rank)
                      if args.compile_cache_config.enabled else None)
             step = TrainStep(forward, optimizer, n, in_fp32, jit=args.jit, compile_cache=cache,
-                             barrier=barrier if args.world_size > 1 else None)
+                             barrier=barrier if args.world_size > 1 else None, per_token=args.calculate_per_token_loss)
         self.logger.info(f" > gradients handed to the optimizer on this rank: {step.gradient_bytes} bytes")
         reporter = Reporter(args, train_iters, start_iteration, self.throughput_unit,
                             self.flops_per_iteration(model) if args.log_throughput else None)
@@ -265,8 +266,9 @@ class Trainer:
         forward hook (the `model` it runs is needed with pipeline stages)."""
         if self.args.pipeline_model_parallel_size > 1:
             return PipelineEvalStep(forward, model, self.activation_shape(),
-                                    getattr(ms, self.args.precision.params_dtype))
-        return EvalStep(forward, jit=self.args.jit, barrier=barrier if self.args.world_size > 1 else None)
+                                    getattr(ms, self.args.precision.params_dtype), self.args.calculate_per_token_loss)
+        return EvalStep(forward, jit=self.args.jit, barrier=barrier if self.args.world_size > 1 else None,
+                        per_token=self.args.calculate_per_token_loss)
 
     def flops_per_iteration(self, model):
         """--log-throughput: Megatron's FLOPs of one iteration, from the model flags (its formula is

@@ -162,10 +162,12 @@ def test_logits_and_losses_equal_the_reference_at_many_positions(kind):
 # One Llama-style model with every feature whose layout could go wrong: RoPE, RMSNorm, SwiGLU, 6 heads
 # in 2 query groups (TP=2: one group of 3 heads per rank), q/k/v biases, q/k norms (their gradients
 # summed over TP), an untied output layer; with --sequence-parallel also the norms' gradients summed
-# over TP (were they not, the TP ranks' copies would drift apart and the end weights differ). Run by tests/conftest.py's `runs` fixture (the TINY
+# over TP (were they not, the TP ranks' copies would drift apart and the end weights differ); the
+# loss per token (--calculate-per-token-loss: gradients divided by the tokens of every data-parallel
+# rank, counted on the last pipeline stage). Run by tests/conftest.py's `runs` fixture (the TINY
 # GPT's data, batch and schedule) beside the GPT's runs of the same sizes.
 LAYOUT_MODEL = ("--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40", *LLAMA,
-                "--add-qkv-bias", "--qk-layernorm")
+                "--add-qkv-bias", "--qk-layernorm", "--calculate-per-token-loss")
 PP2 = ("--pipeline-model-parallel-size", "2")
 ZERO3 = ("--zero-3-memory-optimization",)
 SP = ("--sequence-parallel",)
@@ -193,10 +195,16 @@ def test_llama_layouts_print_the_single_process_run(runs, layout):
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_cached_decoding_gives_the_full_forward_logits(kind):
+@pytest.mark.parametrize("kind, constant_mask", [("llama", True), ("qwen3", True), ("llama", False)],
+                         ids=["llama", "qwen3", "llama-computed-mask"])
+def test_cached_decoding_gives_the_full_forward_logits(kind, constant_mask, monkeypatch):
     """Generation's key/value cache (of the query groups' heads) with rotary positions: a prompt,
-    then one token at a time, gives the logits of the whole sequence's forward at each position."""
+    then one token at a time, gives the logits of the whole sequence's forward at each position;
+    also with the causal mask computed per forward (contexts longer than
+    CONSTANT_CAUSAL_MASK_POSITIONS), which gives the constant mask's logits."""
+    import rapidgpt.models.transformer as transformer
+    if not constant_mask:
+        monkeypatch.setattr(transformer, "CONSTANT_CAUSAL_MASK_POSITIONS", 8)
     from mindspore import Tensor
 
     from rapidgpt.arguments import parse_args

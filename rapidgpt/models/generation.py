@@ -29,9 +29,19 @@ def choose_token(logits, rng, top_k=0, top_p=0.0, temperature=1.0):
 def generate(model, tokenizer, prompt, max_new_tokens, top_k=0, top_p=0.0, temperature=1.0, seed=0,
              use_cache=True):
     """Continuation of `prompt` (text), at most `max_new_tokens` tokens."""
-    rng = np.random.default_rng(seed)
     window = model.config.max_position_embeddings
     ids = (tokenizer.tokenize(prompt) or [tokenizer.eod])[-(window - 1):]
+    new = generate_ids(model, ids, max_new_tokens, tokenizer.eod, top_k, top_p, temperature, seed, use_cache)
+    return tokenizer.detokenize(new)
+
+
+def generate_ids(model, ids, max_new_tokens, eod=None, top_k=0, top_p=0.0, temperature=1.0, seed=0,
+                 use_cache=True):
+    """The token ids continuing `ids` (a list of ints): at most `max_new_tokens`, fewer at `eod` (not
+    included) or at the model's last position."""
+    rng = np.random.default_rng(seed)
+    window = model.config.max_position_embeddings
+    ids = list(ids)
     was_training = model.training
     model.set_train(False)
     new, past, pending = [], None, ids
@@ -45,11 +55,11 @@ def generate(model, tokenizer, prompt, max_new_tokens, top_k=0, top_p=0.0, tempe
                 positions = np.arange(len(ids), dtype=np.int32)[None]
                 logits = model(Tensor(np.array(ids, np.int32)[None]), Tensor(positions))
             token = choose_token(logits.asnumpy()[0, -1], rng, top_k, top_p, temperature)
-            if token == tokenizer.eod:
+            if token == eod:
                 break
             ids.append(token)
             new.append(token)
             pending = [token]
     finally:
         model.set_train(was_training)
-    return tokenizer.detokenize(new)
+    return new

@@ -170,15 +170,17 @@ def load_into_model(model, params, partial=False):
 
 
 class ConfigChecks:
-    """Reading a config.json dict of one model family (`model_type`, e.g. "gpt2"), `where` naming
-    the file in messages: the family is checked on construction; `sizes(keys)` returns the named
-    sizes, each required and a positive integer, and `refuse` rejects what RapidGPT cannot compute."""
+    """Reading a config.json dict of one model family (`model_type`, e.g. "gpt2", or a tuple of
+    them), `where` naming the file in messages: the family is checked on construction;
+    `sizes(keys)` returns the named sizes, each required and a positive integer, and `refuse`
+    rejects what RapidGPT cannot compute."""
 
     def __init__(self, config, where, model_type, family):
         self.config, self.where, self.family = config, where, family
-        if config.get("model_type") != model_type:
-            raise HFConversionError(f"{where}: model_type {config.get('model_type')!r} is not {model_type!r}; "
-                                    f"only {family} checkpoints convert here")
+        types = model_type if isinstance(model_type, tuple) else (model_type,)
+        if config.get("model_type") not in types:
+            raise HFConversionError(f"{where}: model_type {config.get('model_type')!r} is not "
+                                    f"{' or '.join(map(repr, types))}; only {family} checkpoints convert here")
 
     def sizes(self, keys):
         found = {}
@@ -211,15 +213,19 @@ def model_type(hf_dir):
 
 def converter_for(hf_dir):
     """The module that converts the folder's model (its config.json's model_type): hf_bert for
-    "bert", hf_gpt2 otherwise (it names what it cannot convert). Both offer read_hf_folder,
-    flags_from_hf_config, hf_folder_model_flags and hf_to_rapidgpt."""
+    "bert", hf_llama for the Llama family, hf_gpt2 otherwise (it names what it cannot convert).
+    Each offers read_hf_folder, flags_from_hf_config, hf_folder_model_flags and hf_to_rapidgpt."""
     kind = model_type(hf_dir)
     if kind == "bert":
         from rapidgpt.models import hf_bert
         return hf_bert
+    if kind in ("llama", "mistral", "qwen2", "qwen3"):
+        from rapidgpt.models import hf_llama
+        return hf_llama
     if kind not in ("gpt2", None):          # None: unreadable config.json, hf_gpt2 says what is wrong
         raise HFConversionError(f"{os.path.join(hf_dir, CONFIG)}: model_type {kind!r}; RapidGPT converts "
-                                f"Hugging Face GPT-2 ('gpt2') and BERT ('bert') models")
+                                f"Hugging Face GPT-2 ('gpt2'), BERT ('bert'), Llama ('llama'), Mistral "
+                                f"('mistral'), Qwen2 ('qwen2') and Qwen3 ('qwen3') models")
     from rapidgpt.models import hf_gpt2
     return hf_gpt2
 

@@ -50,7 +50,7 @@ import mindspore as ms
 from rapidgpt.models.norms import build_norm
 from rapidgpt.models.rotary import apply_rotary
 from rapidgpt.parallel.layers import ColumnParallelLinear, RowParallelLinear, divide
-from rapidgpt.parallel.random import Dropout
+from rapidgpt.parallel.random import Dropout, graph_arange
 from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
 
 
@@ -86,6 +86,23 @@ class CoreAttention(nn.Cell):
         return ops.matmul(probs, v).transpose(0, 2, 1, 3).reshape(b, sq, -1)       # [b, sq, np*hn]
 
 
+# Up to this many positions the causal mask is one constant shared by the layers (16 MB at 4096);
+# beyond, where a constant would take positions^2 bytes (Llama 3.1's 131072: 17 GB), each forward
+# computes the rows it needs.
+CONSTANT_CAUSAL_MASK_POSITIONS = 4096
+_CAUSAL_MASKS = {}
+
+
+def constant_causal_mask(positions):
+    """The causal mask `[1, 1, positions, positions]` (True = hidden) as one Tensor per size, or None
+    above CONSTANT_CAUSAL_MASK_POSITIONS."""
+    if positions > CONSTANT_CAUSAL_MASK_POSITIONS:
+        return None
+    if positions not in _CAUSAL_MASKS:
+        _CAUSAL_MASKS[positions] = Tensor(np.triu(np.ones((1, 1, positions, positions), bool), k=1))
+    return _CAUSAL_MASKS[positions]
+
+
 class ParallelAttention(nn.Cell):
     """Self-attention over `x` `[b, s, h]` -> `[b, s, h]` (module docstring: layout, GQA, RoPE)."""
 
@@ -109,9 +126,8 @@ class ParallelAttention(nn.Cell):
             self.k_layernorm = build_norm(config, hn, summed_over_tp=True)
         self.rotary_interleaved = config.rotary_interleaved
         self.core_attention = CoreAttention(config, hn)
-        n = config.max_position_embeddings
         self.causal = config.causal
-        self.causal_mask = Tensor(np.triu(np.ones((1, 1, n, n), bool), k=1))   # True = masked
+        self.causal_mask = constant_causal_mask(config.max_position_embeddings)
 
     def heads(self, x, rotary=None):
         """q `[b, np, s, hn]` of this rank's heads, k and v `[b, ng, s, hn]` of its groups;
@@ -152,10 +168,19 @@ class ParallelAttention(nn.Cell):
         if not self.causal:
             mask = attention_mask
         elif attention_mask is None:
-            mask = self.causal_mask[:, :, :s, :s]
+            mask = self.causal_rows(0, s, s)
         else:
-            mask = ops.logical_or(self.causal_mask[:, :, :s, :s], attention_mask)
+            mask = ops.logical_or(self.causal_rows(0, s, s), attention_mask)
         return self.attend(q, k, v, mask)
+
+    def causal_rows(self, first, queries, keys):
+        """The causal mask `[1, 1, queries, keys]` (True = hidden) of query positions first ..
+        first + queries - 1 over key positions 0 .. keys - 1."""
+        if self.causal_mask is not None:
+            return self.causal_mask[:, :, first:first + queries, :keys]
+        key_positions = graph_arange(0, keys).reshape(1, keys)
+        query_positions = graph_arange(first, first + queries).reshape(queries, 1)
+        return (key_positions > query_positions).reshape(1, 1, queries, keys)
 
     def decode(self, x, past=None, rotary=None):
         """Incremental attention for generation: x `[b, s_new, h]` after `past` = (k, v) of the
@@ -165,7 +190,7 @@ class ParallelAttention(nn.Cell):
         if past is not None:
             k, v = ops.cat((past[0], k), axis=2), ops.cat((past[1], v), axis=2)
         total, new = k.shape[2], x.shape[1]
-        mask = self.causal_mask[:, :, total - new:total, :total]
+        mask = self.causal_rows(total - new, new, total)
         return self.attend(q, k, v, mask), (k, v)
 
 

@@ -152,6 +152,22 @@ def _weight_files(hf_dir):
                             f"save_pretrained (config.json + model.safetensors)")
 
 
+def check_tensor_shapes(tensors, expected, where, sizes_hint, model):
+    """Every tensor of `expected` ({name: shape}) is in `tensors` with that shape, and nothing else
+    is; else one HFConversionError naming the tensor (`sizes_hint`: the config.json keys to check;
+    `model`: what a folder of these tensors is)."""
+    for name, shape in expected.items():
+        if name not in tensors:
+            raise HFConversionError(f"{where}: tensor {name} missing (check {sizes_hint} in config.json)")
+        if tuple(tensors[name].shape) != shape:
+            raise HFConversionError(f"{where}: tensor {name} has shape {list(tensors[name].shape)}, "
+                                    f"config.json implies {list(shape)} (check {sizes_hint})")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise HFConversionError(f"{where}: {len(unexpected)} tensors {model} does not have "
+                                f"(first: {unexpected[0]})")
+
+
 def load_into_model(model, params, partial=False):
     """Copy full-size parameters `{name: array}` into every parameter of a one-process model
     (zero-padding the vocabulary rows), or with `partial` into those `params` has. Call before the

@@ -36,7 +36,8 @@ import os
 
 import numpy as np
 
-from rapidgpt.models.hf_files import CONFIG, ConfigChecks, HFConversionError, read_hf_config, read_hf_weights
+from rapidgpt.models.hf_files import (CONFIG, ConfigChecks, check_tensor_shapes, read_hf_config,
+                                      read_hf_weights)
 
 TOKENIZER_FILES = {"vocab_file": "vocab.json", "merge_file": "merges.txt"}
 EOD_TOKEN = "<|endoftext|>"
@@ -186,21 +187,10 @@ def _swap_row_groups(rows, first, second):
 def hf_to_rapidgpt(tensors, flags, where="the Hugging Face weights"):
     """RapidGPT parameters `{name: float32 array}` (true vocabulary rows, no padding) from HF
     tensors (names without `transformer.`); every tensor is checked against the config."""
-    expected = _hf_shapes(flags)
     if not flags["untie_embeddings_and_output_weights"]:
         tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}   # tied: same as wte
-    for name, shape in expected.items():
-        if name not in tensors:
-            raise HFConversionError(f"{where}: tensor {name} missing (config.json describes "
-                                    f"{flags['num_layers']} layers, n_embd {flags['hidden_size']})")
-        if tuple(tensors[name].shape) != shape:
-            raise HFConversionError(f"{where}: tensor {name} has shape {list(tensors[name].shape)}, "
-                                    f"config.json implies {list(shape)} (check n_embd, n_inner, "
-                                    f"n_positions, vocab_size)")
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise HFConversionError(f"{where}: {len(unexpected)} tensors a GPT-2 language model does not "
-                                f"have (first: {unexpected[0]}); only GPT2LMHeadModel/GPT2Model convert")
+    check_tensor_shapes(tensors, _hf_shapes(flags), where, "n_layer, n_embd, n_inner, n_positions, vocab_size",
+                        "a GPT-2 language model (GPT2LMHeadModel/GPT2Model)")
     heads, params = flags["num_attention_heads"], {}
     for hf, ours, change in _name_pairs(flags):
         value = tensors[hf]

@@ -29,7 +29,8 @@ scalings) is refused by name.
 """
 import numpy as np
 
-from rapidgpt.models.hf_files import CONFIG, ConfigChecks, HFConversionError, read_hf_config, read_hf_weights
+from rapidgpt.models.hf_files import (CONFIG, ConfigChecks, HFConversionError, check_tensor_shapes, read_hf_config,
+                                      read_hf_weights)
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}
@@ -195,28 +196,13 @@ _LAYER_COPIES = (("input_layernorm.weight", "input_layernorm.weight"),
                  ("mlp.down_proj.bias", "mlp.dense_4h_to_h.bias"))
 
 
-def _check(tensors, flags, where):
-    expected = _shapes(flags)
-    for name, shape in expected.items():
-        if name not in tensors:
-            raise HFConversionError(f"{where}: tensor {name} missing (config.json describes {flags['num_layers']} "
-                                    f"layers, hidden_size {flags['hidden_size']})")
-        if tuple(tensors[name].shape) != shape:
-            raise HFConversionError(f"{where}: tensor {name} has shape {list(tensors[name].shape)}, config.json "
-                                    f"implies {list(shape)} (check hidden_size, head_dim, num_key_value_heads, "
-                                    f"intermediate_size, vocab_size)")
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise HFConversionError(f"{where}: {len(unexpected)} tensors the model config.json describes does not "
-                                f"have (first: {unexpected[0]})")
-
-
 def hf_to_rapidgpt(tensors, flags, where="the Hugging Face weights"):
     """RapidGPT parameters `{name: float32 array}` (true vocabulary rows) from the HF tensors;
     every tensor is checked against the config."""
     if not flags["untie_embeddings_and_output_weights"]:
         tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}      # tied: the embeddings
-    _check(tensors, flags, where)
+    check_tensor_shapes(tensors, _shapes(flags), where, "num_hidden_layers, hidden_size, head_dim, "
+                        "num_key_value_heads, intermediate_size, vocab_size", "the model config.json describes")
     g, d = flags["num_query_groups"], flags["kv_channels"]
     params = {"word_embeddings.weight": tensors["model.embed_tokens.weight"],
               "final_layernorm.weight": tensors["model.norm.weight"]}

@@ -96,7 +96,7 @@ def test_every_problem_is_reported_at_once_in_one_line_each(capsys):
         "rapidgpt: error: --lr: 'abc' is not a number; give e.g. --lr 0.1",
         "rapidgpt: error: --optimizer: 'adamw' is not one of the choices; did you mean adam? choose one of adam, sgd",
         "rapidgpt: error: --hidden-size: 30 is not divisible by --num-attention-heads 4; choose sizes whose "
-        "heads are equal",
+        "heads are equal, or give --kv-channels",
         "rapidgpt: error: --loss-scale: loss scaling is for 16-bit training; add --fp16 or --bf16, or remove it",
         "rapidgpt: error: --vocab-file: /no/such/vocab.json: no such file; check the path",
         "rapidgpt: error: --merge-file: /no/such/merges.txt: no such file; check the path",

@@ -68,7 +68,9 @@ def flags_from_hf_config(config, where=CONFIG):
     if config.get("sliding_window") is not None and (kind == "mistral" or config.get("use_sliding_window")):
         refuse("sliding_window", config.get("sliding_window"), "attention is over the whole sequence; a model "
                "trained with full attention (sliding_window null) converts")
-    scaling = config.get("rope_scaling") or {}
+    # transformers 4.x writes rope_theta and rope_scaling; 5.x one rope_parameters dict of both.
+    rope = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or ({} if rope.get("rope_type", "default") == "default" else rope)
     rope_type = scaling.get("rope_type", scaling.get("type"))
     if scaling and rope_type != "llama3":
         refuse("rope_scaling", scaling, "of RoPE scalings only Llama 3.1's 'llama3' is implemented")
@@ -89,8 +91,9 @@ def flags_from_hf_config(config, where=CONFIG):
              "seq_length": min(sizes["max_position_embeddings"], DEFAULT_SEQ_LENGTH),
              "vocab_size": sizes["vocab_size"], "layernorm_epsilon": float(config.get("rms_norm_eps", 1e-6)),
              "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", False),
-             "position_embedding_type": "rope", "rotary_base": int(config.get("rope_theta", 10000)),
-             "rotary_percent": float(config.get("partial_rotary_factor", 1.0)),
+             "position_embedding_type": "rope",
+             "rotary_base": int(config.get("rope_theta", rope.get("rope_theta", 10000))),
+             "rotary_percent": float(config.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))),
              "use_rope_scaling": bool(scaling), "rope_scaling_factor": float(scaling.get("factor", 8.0)),
              "rope_scaling_low_freq_factor": float(scaling.get("low_freq_factor", 1.0)),
              "rope_scaling_high_freq_factor": float(scaling.get("high_freq_factor", 4.0)),

@@ -34,13 +34,18 @@ piece's gradient comes out summed over the data-parallel ranks; the schedule doe
 again (data_parallel.REDUCED_IN_BACKWARD). Released after use: the gather cell is marked for
 MindSpore's recompute with its output (`Cell.recompute(output_recompute=True)`), so the whole
 weights are not kept from the forward for the backward: the backward gathers them again (checked
-on the compiled graph of the tiny test GPT: 16 collectives instead of 12). Without the mark the
-graph keeps each layer's whole weights from its forward to its backward, so the step's peak would
-hold them all. Measured on the CPU (benchmarks/bench_parallel.py --only zero, GPT 4 x 256, DP=2,
-one run each): 2566 tokens/s and 2055 MiB peak RSS with the mark, 2854 and 2047 without: the
-regather costs throughput and, as activation recompute in MindSpore's compiled CPU step, saves
-no RSS there (the step's peak is not made of these tensors); it is kept because it is what frees
-a large model's weights between its forward and backward.
+on the compiled graph of the tiny test GPT when a decoder layer was one unit: 16 collectives
+instead of 12). Without the mark the graph keeps each layer's whole weights from its forward to
+its backward, so the step's peak would hold them all. Measured on the CPU (benchmarks/
+bench_parallel.py --only zero, GPT 4 x 256, DP=2, one run each, decoder layers as units): 2566
+tokens/s and 2055 MiB peak RSS with the mark, 2854 and 2047 without: the regather costs
+throughput and, as activation recompute in MindSpore's compiled CPU step, saves no RSS there (the
+step's peak is not made of these tensors); it is kept because it is what frees a large model's
+weights between its forward and backward.
+Leaf units against decoder-layer units (the same GPT, ZeRO-3 at DP=2, 13 iterations, three
+alternating pairs on a busy 2-core host): first iteration 19.5 s vs 22.4 s (median), steady
+1001 vs 1086 ms per iteration, both within the host's noise; +4.5% CPU time and +39 MiB peak RSS
+(more, smaller collectives).
 The mark needs a graph: a unit that runs op by op (outside the compiled layers of a pipeline
 stage) keeps its weights for its backward instead.
 

@@ -24,10 +24,11 @@ setup(
         "nltk",             # Punkt, the sentence splitter of preprocess_data.py --split-sentences (as Megatron's)
         "psutil",           # the launcher finds msrun's workers and stops the job (also a MindSpore dependency)
         "decorator",        # MindSpore's kernel compiler (AKG) imports it: graph kernel fusion on CPU (also needs g++)
+        "tokenizers",       # --tokenizer-type HuggingFaceTokenizer reads tokenizer.json with it (and the tests
+                            # check our GPT-2 byte-level BPE against it)
     ],
     extras_require={
-        # `tokenizers` is only a test oracle: HF's Rust byte-level BPE checks ours token for token.
-        "test": ["pytest", "tokenizers"],
+        "test": ["pytest"],
         # Only benchmarks/bench_pretrain.py's PyTorch eager side; never imported by rapidgpt.
         "bench": ["torch==2.13.0"],
     },

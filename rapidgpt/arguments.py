@@ -120,7 +120,10 @@ def _data_args(parser):
     g.add_argument("--data-impl", "--dataset-impl", dest="data_impl", choices=["mmap", "infer"],
                    default="mmap", help="accepted for compatibility; Megatron's mmap format is read")
     g.add_argument("--tokenizer-type", default=None,
-                   choices=["GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase"])
+                   choices=["GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase", "HuggingFaceTokenizer"])
+    g.add_argument("--tokenizer-model", default=None, metavar="DIR",
+                   help="--tokenizer-type HuggingFaceTokenizer: a Hugging Face tokenizer folder (tokenizer.json, "
+                        "tokenizer_config.json), as saved by save_pretrained; read with the `tokenizers` library")
     g.add_argument("--vocab-file", default=None)
     g.add_argument("--merge-file", default=None)
     g.add_argument("--eod-mask-loss", action="store_true")
@@ -349,7 +352,7 @@ def given_flags(parser, argv):
 
 def _resolve_pretrained_model(args, check):
     """Rapidformer's --pretrained-model-name-or-path: a local folder, used as --pretrained-checkpoint
-    (a Hugging Face GPT-2 or BERT folder is read as one, see rapidgpt/models/hf_gpt2.py, hf_bert.py)."""
+    (a Hugging Face GPT-2, BERT or Llama-family folder is read as one, see rapidgpt/models/hf_*.py)."""
     path = args.pretrained_model_name_or_path
     if path is None:
         return
@@ -364,7 +367,7 @@ def _resolve_pretrained_model(args, check):
 
 
 def checkpoint_model_flags(directory, flag="--load"):
-    """`(model flags, where)` recorded by the checkpoint or Hugging Face GPT-2 / BERT folder `directory`
+    """`(model flags, where)` recorded by the checkpoint or Hugging Face folder `directory`
     (given as `flag`)."""
     from rapidgpt.training.checkpoint_files import find_checkpoint, read_metadata
     if os.path.isfile(os.path.join(directory, "config.json")):
@@ -399,9 +402,9 @@ def apply_checkpoint_args(args, given, check=None):
             check.add(f"{flag}: {getattr(args, name)} contradicts the checkpoint under {source} {directory}, "
                       f"which has {value}; drop {flag} to use the checkpoint's value")
     if saved and args.tokenizer_type:
-        for key in ("vocab_file", "merge_file"):
+        for key in ("vocab_file", "merge_file", "tokenizer_model"):
             path = getattr(args, key)
-            check.require(path is None or key in given or os.path.isfile(path),
+            check.require(path is None or key in given or os.path.exists(path),
                           f"--{key.replace('_', '-')}: the checkpoint {where} records {path}, which does "
                           f"not exist (a checkpoint saved before tokenizer files were stored inside "
                           f"it); give --{key.replace('_', '-')}")
@@ -606,7 +609,13 @@ def _check_data(args, check, world_size):
         for path in paths:
             problem = _data_file_problem(path)
             check.require(problem is None, f"{_flag(name)}: {problem}")
-    if args.tokenizer_type:
+    if args.tokenizer_type == "HuggingFaceTokenizer":
+        from rapidgpt.tokenizer.hf_tokenizer import folder_problem
+        if check.require(args.tokenizer_model, "--tokenizer-model: required for --tokenizer-type "
+                                               "HuggingFaceTokenizer; give the folder holding tokenizer.json"):
+            problem = folder_problem(args.tokenizer_model)
+            check.require(problem is None, f"--tokenizer-model: {problem}")
+    elif args.tokenizer_type:
         kind = args.tokenizer_type
         if check.require(args.vocab_file, f"--vocab-file: required for --tokenizer-type {kind}; give "
                                           f"the tokenizer's {'vocab.json' if kind == 'GPT2BPETokenizer' else 'vocab.txt'}"):

@@ -9,8 +9,8 @@
     lm_logits, binary_logits = bert(input_ids, attention_mask, tokentype_ids)   # [b, s, V], [b, 2]
 
 `path` is a RapidGPT checkpoint (a --save folder, whose latest complete checkpoint is taken, or an
-`iter_XXXXXXX` folder) or a Hugging Face GPT-2 / BERT folder (config.json + model.safetensors,
-converted in memory, see rapidgpt/models/hf_gpt2.py, hf_bert.py). The architecture comes from the
+`iter_XXXXXXX` folder) or a Hugging Face GPT-2, BERT, Llama, Mistral or Qwen2/3 folder (config.json + model.safetensors,
+converted in memory, see rapidgpt/models/hf_gpt2.py, hf_bert.py, hf_llama.py). The architecture comes from the
 checkpoint's metadata or config.json; a Hugging Face BERT gets the heads its file holds (BertModel:
 none, and the model returns its hidden states `[b, s, h]` and None). No engine or command line is needed: the model is built in this process
 (tensor/pipeline size 1) without touching an engine set up earlier (its flags, seeds and logger
@@ -59,7 +59,7 @@ def load_pretrained(path):
     ensure_device(select_device(None))
     if not os.path.isdir(path):
         raise CheckpointError(f"load_pretrained: {path} is not a directory (give a RapidGPT --save "
-                              f"folder or a Hugging Face GPT-2/BERT folder)")
+                              f"folder or a Hugging Face model folder)")
     if is_hf_folder(path):
         hf = converter_for(path)
         config, tensors, notes = hf.read_hf_folder(path)

@@ -2,7 +2,9 @@
 random weights, every norm and bias random, 6 query heads in 2 key/value groups) against
 transformers' own float64 outputs stored beside them: Llama, Llama 3.1 (RoPE scaling with an
 original context of 64, checked at positions 97..120), Qwen2 (q/k/v biases, tied embeddings), Qwen3
-(q/k norms, head_dim 12 != 48/6) and Mistral. Converted (data_tools/convert_hf.py, and in memory by
+(q/k norms, head_dim 12 != 48/6) and Mistral. (RoPE sees relative positions: the second window
+checks that the model's 128 positions are all served -- a table cut or clamped short would show --
+and Llama 3.1's scaled frequencies move every logit.) Converted (data_tools/convert_hf.py, and in memory by
 rapidgpt.load_pretrained), the model's next-token losses equal transformers' float64 ones within
 1e-5, its greedy continuation is transformers' token for token, and HF -> RapidGPT -> HF gives the
 same tensors bit for bit."""

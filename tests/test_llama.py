@@ -4,7 +4,10 @@ definitions (written here from those definitions, not from RapidGPT's code), wit
 norm and bias random, at many positions (RoPE is the identity at position 0), with query heads per
 group != groups (6 heads in 2 groups), Llama 3.1's scaling with an original context far below the
 tested positions, Qwen3's head_dim != hidden / heads, and partial, interleaved rotation."""
+import json
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -172,9 +175,11 @@ PP2 = ("--pipeline-model-parallel-size", "2")
 ZERO3 = ("--zero-3-memory-optimization",)
 SP = ("--sequence-parallel",)
 LAYOUTS = {"tp2": (2, 2), "tp2-sp": (2, 2, *SP), "pp2": (2, 1, *PP2), "dp2-zero3": (2, 1, *ZERO3),
-           "pp2xtp2-sp": (4, 2, *PP2, *SP), "tp2xdp2-sp-zero3": (4, 2, *SP, *ZERO3),
+           "pp2xtp2-sp": (4, 2, *PP2, *SP), "tp2xdp2-sp-zero1": (4, 2, *SP, "--use-distributed-optimizer"),
            "pp2xdp2-zero3": (4, 1, *PP2, *ZERO3)}
-TINY_RUNS = [(1, 1, *LAYOUT_MODEL)] + [(nproc, tp, *LAYOUT_MODEL, *flags) for nproc, tp, *flags in LAYOUTS.values()]
+RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
+TINY_RUNS = ([(1, 1, *LAYOUT_MODEL)] + [(nproc, tp, *LAYOUT_MODEL, *flags) for nproc, tp, *flags in LAYOUTS.values()]
+             + [(2, 2, *LAYOUT_MODEL, *SP, *RECOMPUTE)])
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -225,6 +230,13 @@ def test_cached_decoding_gives_the_full_forward_logits(kind, constant_mask, monk
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-5, atol=1e-5)
 
 
+def test_llama_full_recompute_with_sequence_parallelism_prints_exactly_the_run_without_it(runs):
+    """Full recompute at TP=2 with --sequence-parallel: the very values of the run without it."""
+    found, _, log = runs(2, 2, *LAYOUT_MODEL, *SP, *RECOMPUTE)
+    assert "activation recompute: full, uniform, 1 layer(s) (2 cells marked)" in log
+    assert found == runs(2, 2, *LAYOUT_MODEL, *SP)[0]
+
+
 @pytest.mark.parametrize("flags, message", [
     (("--tensor-model-parallel-size", "2", "--seq-length", "15", "--max-position-embeddings", "16"),
      "--sequence-parallel: --seq-length 15 is not divisible by --tensor-model-parallel-size 2"),
@@ -236,6 +248,7 @@ def test_cached_decoding_gives_the_full_forward_logits(kind, constant_mask, monk
      "--num-query-groups: 3 is not divisible by --tensor-model-parallel-size 2"),
     (("--num-query-groups", "4", "--group-query-attention"), "--num-query-groups: 4 must divide --num-attention-heads 6"),
     (("--use-rope-scaling",), "--use-rope-scaling: scales rotary embeddings; add --position-embedding-type rope"),
+    (("--tensor-model-parallel-size", "2", "--zero-3-memory-optimization"), "--sequence-parallel: not with ZeRO-3"),
 ])
 def test_architecture_flags_are_checked_with_one_line_each(flags, message):
     from rapidgpt.arguments import build_parser, validate_args
@@ -250,3 +263,38 @@ def test_sequence_parallel_is_off_without_tensor_parallelism():
     """Megatron's rule: at TP=1 there is nothing to split."""
     from rapidgpt.arguments import parse_args
     assert parse_args(argv=["--sequence-parallel", "--train-iters", "1"]).sequence_parallel is False
+
+
+def test_hugging_face_tokenizer_from_preprocessing_to_generation(env, tmp_path):
+    """--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR end to end with a Llama-style
+    model: data_tools/preprocess_data.py tokenizes a corpus with the folder, pretraining reads it
+    and saves a checkpoint that carries the folder's files, and text generation from that
+    checkpoint needs no tokenizer or model flag."""
+    import subprocess
+    import sys
+
+    from rapidgpt.training.checkpoint_files import find_checkpoint, read_metadata
+    from test_parallel import REPO, single
+    folder = str(REPO / "tests" / "fixtures" / "hf_tokenizer_tiny")
+    texts = json.loads((Path(folder) / "reference.json").read_text())["texts"]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": " ".join(texts[i:] + texts[:i])}) + "\n" for i in range(40)))
+    out = subprocess.run([sys.executable, "data_tools/preprocess_data.py", "--input", str(corpus), "--output-prefix",
+                          str(tmp_path / "corpus"), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                          folder, "--append-eod", "--no-progress-bar"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    status, log = single(["--task", "pretraining", "--num-layers", "2", "--hidden-size", "48", "--num-attention-heads",
+                          "6", "--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "4", "--log-interval",
+                          "2", "--eval-iters", "1", "--no-progress-bar", "--max-new-tokens", "0", *LLAMA,
+                          "--data-path", str(tmp_path / "corpus_text_document"), "--tokenizer-type",
+                          "HuggingFaceTokenizer", "--tokenizer-model", folder, "--save", str(tmp_path / "ckpt")], env)
+    assert status == 0, log[-3000:]
+    checkpoint = find_checkpoint(str(tmp_path / "ckpt"))
+    recorded = read_metadata(checkpoint)["model"]["tokenizer_model"]
+    assert recorded.startswith(checkpoint) and sorted(os.listdir(recorded)) == sorted(
+        name for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+        if os.path.isfile(os.path.join(folder, name)))
+    status, log = single(["--task", "text_generation", "--load", str(tmp_path / "ckpt"), "--prompt", texts[1],
+                          "--max-new-tokens", "4"], env)
+    assert status == 0 and "continuation" in log, log[-3000:]

@@ -382,3 +382,35 @@ def test_cli_makes_a_bert_wordpiece_vocab_that_hf_tokenizers_reads_alike(tmp_pat
     assert ours.detokenize(ids).startswith("the assert statement :" if lower_case else "The assert statement :")
     for text in TOPIC_TEXTS[:15]:
         assert ours.tokenize(text) == theirs.encode(text, add_special_tokens=False).ids
+
+
+# ---- Hugging Face tokenizer folders (--tokenizer-type HuggingFaceTokenizer) ---------------------
+# tests/fixtures/hf_tokenizer_tiny: a byte-level BPE saved by transformers with a Llama-3-style
+# BOS post-processor, and transformers' AutoTokenizer results on it (make_hf_tokenizer_tiny.py).
+HF_TOKENIZER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hf_tokenizer_tiny")
+
+
+def test_hugging_face_tokenizer_folder_gives_autotokenizers_ids():
+    from rapidgpt.tokenizer import HuggingFaceTokenizer
+    with open(os.path.join(HF_TOKENIZER, "reference.json"), encoding="utf-8") as f:
+        reference = json.load(f)
+    tokenizer = build_tokenizer(SimpleNamespace(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=HF_TOKENIZER))
+    assert isinstance(tokenizer, HuggingFaceTokenizer)
+    assert tokenizer.vocab_size == reference["vocab_size"] and tokenizer.eod == reference["eos_token_id"]
+    for text, ids, plain, decoded in zip(reference["texts"], reference["ids"], reference["ids_no_special"],
+                                         reference["decoded"]):
+        assert tokenizer.tokenize(text) == ids, text
+        assert tokenizer.detokenize(plain) == decoded, text
+
+
+@pytest.mark.parametrize("files, message", [
+    ([], "has no tokenizer.json; give a folder a fast tokenizer was saved to"),
+    (["tokenizer.json"], "no eos_token in tokenizer_config.json"),
+])
+def test_hugging_face_tokenizer_folder_errors(tmp_path, files, message):
+    from rapidgpt.tokenizer.hf_tokenizer import TokenizerError
+    for name in files:
+        with open(os.path.join(HF_TOKENIZER, name), "rb") as source:
+            (tmp_path / name).write_bytes(source.read())
+    with pytest.raises(TokenizerError, match=message):
+        build_tokenizer(SimpleNamespace(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(tmp_path)))

@@ -58,7 +58,10 @@ def get_args(argv=None):
                             "sentence keeps the newlines inside it)")
     group = parser.add_argument_group("tokenizer")
     group.add_argument("--tokenizer-type", required=True,
-                       choices=["GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase"])
+                       choices=["GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase",
+                                "HuggingFaceTokenizer"])
+    group.add_argument("--tokenizer-model", default=None, metavar="DIR",
+                       help="--tokenizer-type HuggingFaceTokenizer: the Hugging Face tokenizer folder")
     group.add_argument("--vocab-file", default=None)
     group.add_argument("--merge-file", default=None)
     group.add_argument("--append-eod", action="store_true",

@@ -5,16 +5,23 @@ import math
 from rapidgpt.tokenizer.bert_wordpiece import BertWordPieceTokenizer
 from rapidgpt.tokenizer.bpe_trainer import save_gpt2_format, train_byte_level_bpe
 from rapidgpt.tokenizer.gpt2_bpe import GPT2BPETokenizer
+from rapidgpt.tokenizer.hf_tokenizer import HuggingFaceTokenizer
 
-__all__ = ["BertWordPieceTokenizer", "GPT2BPETokenizer", "build_tokenizer", "padded_vocab_size",
-           "save_gpt2_format", "train_byte_level_bpe"]
+__all__ = ["BertWordPieceTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer", "build_tokenizer",
+           "padded_vocab_size", "save_gpt2_format", "train_byte_level_bpe"]
 
-TOKENIZER_TYPES = ("GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase")
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase", "HuggingFaceTokenizer")
 
 
 def build_tokenizer(args):
-    """Build the tokenizer named by --tokenizer-type from --vocab-file (and --merge-file)."""
+    """Build the tokenizer named by --tokenizer-type from --vocab-file (and --merge-file), or from
+    --tokenizer-model (a Hugging Face tokenizer folder)."""
     kind = getattr(args, "tokenizer_type", None)
+    if kind == "HuggingFaceTokenizer":
+        if not getattr(args, "tokenizer_model", None):
+            raise ValueError("--tokenizer-model is required for --tokenizer-type HuggingFaceTokenizer: pass the "
+                             "folder holding tokenizer.json")
+        return HuggingFaceTokenizer(args.tokenizer_model)
     vocab_file = getattr(args, "vocab_file", None)
     merge_file = getattr(args, "merge_file", None)
     if kind not in TOKENIZER_TYPES:

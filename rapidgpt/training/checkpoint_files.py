@@ -30,6 +30,7 @@ import zlib
 
 from rapidgpt.config.transformer import ARCHITECTURE_FLAGS
 from rapidgpt.errors import UserError
+from rapidgpt.tokenizer.hf_tokenizer import FOLDER_FILES
 
 LATEST = "latest_checkpointed_iteration.txt"
 METADATA = "metadata.json"
@@ -43,7 +44,8 @@ ARCHITECTURE_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hi
                      "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by",
                      "untie_embeddings_and_output_weights", "layernorm_epsilon", "tokenizer_type",
                      "model_type") + ARCHITECTURE_FLAGS
-TOKENIZER_FILE_ARGS = ("vocab_file", "merge_file")
+# Tokenizer flags naming files (a Hugging Face tokenizer: a folder, of which its FOLDER_FILES are kept).
+TOKENIZER_FILE_ARGS = ("vocab_file", "merge_file", "tokenizer_model")
 MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length", "bert_binary_head") + TOKENIZER_FILE_ARGS
 _CHUNK = 1 << 22
 # Files whose CRC-32 this process already checked, by (path, size, mtime): --load's checkpoint is
@@ -116,26 +118,42 @@ def remember_tokenizer_files(model_config):
     embeds these bytes, even after their source is gone (e.g. the checkpoint a run resumed from,
     pruned by --keep-last-n-checkpoints). The engine calls it at start-up."""
     for key in TOKENIZER_FILE_ARGS:
-        path = model_config.get(key)
-        if path and os.path.abspath(path) not in _TOKENIZER_BYTES:
-            with open(path, "rb") as f:
-                _TOKENIZER_BYTES[os.path.abspath(path)] = f.read()
+        for path in _tokenizer_files(model_config.get(key)):
+            if os.path.abspath(path) not in _TOKENIZER_BYTES:
+                with open(path, "rb") as f:
+                    _TOKENIZER_BYTES[os.path.abspath(path)] = f.read()
+
+
+def _tokenizer_files(path):
+    """The files a tokenizer flag's value stands for: the file, or a tokenizer folder's files."""
+    if not path:
+        return []
+    if os.path.isdir(path):
+        return [os.path.join(path, name) for name in FOLDER_FILES if os.path.isfile(os.path.join(path, name))]
+    return [path]
 
 
 def embed_tokenizer_files(folder, model_config):
-    """Write the tokenizer files `model_config` names into `folder` and record them there by name
-    (a copy of `model_config` is returned)."""
+    """Write the tokenizer files `model_config` names into `folder` (a tokenizer folder's into the
+    subfolder `tokenizer/`) and record them there by name (a copy of `model_config` is returned)."""
     remember_tokenizer_files(model_config)
     config = dict(model_config)
     for key in TOKENIZER_FILE_ARGS:
         source = config.get(key)
         if not source:
             continue
-        name = os.path.basename(source)
-        if key == "merge_file" and name == os.path.basename(config.get("vocab_file") or ""):
-            name = "merges_" + name             # two files of one name keep distinct names
-        with open(os.path.join(folder, name), "wb") as f:
-            f.write(_TOKENIZER_BYTES[os.path.abspath(source)])
+        if os.path.isdir(source):
+            name = "tokenizer"
+            os.makedirs(os.path.join(folder, name), exist_ok=True)
+            targets = [(path, os.path.join(name, os.path.basename(path))) for path in _tokenizer_files(source)]
+        else:
+            name = os.path.basename(source)
+            if key == "merge_file" and name == os.path.basename(config.get("vocab_file") or ""):
+                name = "merges_" + name             # two files of one name keep distinct names
+            targets = [(source, name)]
+        for path, target in targets:
+            with open(os.path.join(folder, target), "wb") as f:
+                f.write(_TOKENIZER_BYTES[os.path.abspath(path)])
         config[key] = name
     return config
 
@@ -320,6 +338,6 @@ def read_metadata(path):
     model = metadata.get("model") or {}
     for key in TOKENIZER_FILE_ARGS:
         value = model.get(key)
-        if value and not os.path.isabs(value) and os.path.isfile(os.path.join(path, value)):
+        if value and not os.path.isabs(value) and os.path.exists(os.path.join(path, value)):
             model[key] = os.path.abspath(os.path.join(path, value))
     return metadata

@@ -272,8 +272,8 @@ class _RankCheckpoint:
 
 
 class _HuggingFaceWeights:
-    """A Hugging Face GPT-2 or BERT folder (Rapidformer's --pretrained-model-name-or-path) read like a
-    checkpoint: its tensors under RapidGPT's names (rapidgpt/models/hf_gpt2.py, hf_bert.py), each split
+    """A Hugging Face model folder (GPT-2, BERT, the Llama family; Rapidformer's --pretrained-model-name-or-path) read like a
+    checkpoint: its tensors under RapidGPT's names (rapidgpt/models/hf_gpt2.py, hf_bert.py, hf_llama.py), each split
     for this rank the way the model's own parameter is (`prefix`: where the GPT/BERT sits in the model)."""
 
     def __init__(self, path, model, logger=None):

@@ -312,8 +312,11 @@ def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path, target):
         if target == "launcher":
             proc.send_signal(signal.SIGINT)
         else:
-            (rank_1,) = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                         if p.environ().get("MS_ROLE") == "MS_WORKER" and p.environ().get("RANK_ID") == "1"]
+            # The oldest process with rank 1's environment: the rank itself (processes it starts, e.g.
+            # MindSpore's kernel compiler, inherit its environment and were once found too).
+            rank_1 = min((p for p in psutil.Process(proc.pid).children(recursive=True)
+                          if p.environ().get("MS_ROLE") == "MS_WORKER" and p.environ().get("RANK_ID") == "1"),
+                         key=lambda p: p.create_time())
             rank_1.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:

@@ -32,17 +32,15 @@ def env(tmp_path_factory):
                 PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
 
 
-@pytest.fixture(scope="session")
-def runs(env, tmp_path_factory, request):
-    """`runs(nproc, tp, *flags)`: tests/test_parallel.py's TINY run on that layout with `flags`,
-    saving every 6 iterations, done once per test session for every module that asks (a session
-    fixture lives here so that there is one), the TINY_RUNS of one size in one job
-    (tests/batched_runs.py) -> (its printed values with TensorBoard's grad norms, its --save
-    folder, its log)."""
+def _tiny_runs(env, tmp_path_factory, request, attribute):
+    """`run(nproc, tp, *flags)`: tests/test_parallel.py's TINY run on that layout with `flags`,
+    saving every 6 iterations, done once per test session; the runs that the collected modules
+    declare in `attribute` of one size go in one job (tests/batched_runs.py) -> (its printed values
+    with TensorBoard's grad norms, its --save folder, its log)."""
     from batched_runs import BatchedRuns, declared_runs, tensorboard_of
     from test_parallel import skipped, tiny_run, values
-    batched = BatchedRuns(env, tmp_path_factory.mktemp("tiny_runs"),
-                          [tiny_run(*key) for key in declared_runs(request, "TINY_RUNS")])
+    batched = BatchedRuns(env, tmp_path_factory.mktemp(attribute.lower()),
+                          [tiny_run(*key) for key in declared_runs(request, attribute)])
 
     def run(nproc, tp, *flags):
         status, log, save = batched(*tiny_run(nproc, tp, *flags))
@@ -51,6 +49,23 @@ def runs(env, tmp_path_factory, request):
         assert len(found) == 2 * (12 - len(skipped(log))) + 3, log[-2000:]   # (loss, norm) per update, 3 validations
         return found, save, log
     return run
+
+
+@pytest.fixture(scope="session")
+def runs(env, tmp_path_factory, request):
+    """The GPT's TINY runs that modules declare in TINY_RUNS (a session fixture lives here so that
+    there is one for every module that asks)."""
+    return _tiny_runs(env, tmp_path_factory, request, "TINY_RUNS")
+
+
+@pytest.fixture(scope="session")
+def llama_runs(env, tmp_path_factory, request):
+    """The Llama-style TINY runs (LLAMA_RUNS) in jobs of their own: in the fresh-clone suite,
+    MindSpore 2.10's kernel compiler (AKG) twice failed on one rank of a 4-rank job that had
+    compiled Llama graphs before (once at the next Llama run, once at the GPT run after them:
+    a fused Cast it could not build), which stopped every later run of the job. The GPT's jobs,
+    alone, never failed that way."""
+    return _tiny_runs(env, tmp_path_factory, request, "LLAMA_RUNS")
 
 
 _MODULE_SECONDS = {}

@@ -167,8 +167,8 @@ def test_logits_and_losses_equal_the_reference_at_many_positions(kind):
 # summed over TP), an untied output layer; with --sequence-parallel also the norms' gradients summed
 # over TP (were they not, the TP ranks' copies would drift apart and the end weights differ); the
 # loss per token (--calculate-per-token-loss: gradients divided by the tokens of every data-parallel
-# rank, counted on the last pipeline stage). Run by tests/conftest.py's `runs` fixture (the TINY
-# GPT's data, batch and schedule) beside the GPT's runs of the same sizes.
+# rank, counted on the last pipeline stage). Run by tests/conftest.py's `llama_runs` fixture (the
+# TINY GPT's data, batch and schedule).
 LAYOUT_MODEL = ("--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40", *LLAMA,
                 "--add-qkv-bias", "--qk-layernorm", "--calculate-per-token-loss")
 PP2 = ("--pipeline-model-parallel-size", "2")
@@ -178,12 +178,12 @@ LAYOUTS = {"tp2": (2, 2), "tp2-sp": (2, 2, *SP), "pp2": (2, 1, *PP2), "dp2-zero3
            "pp2xtp2-sp": (4, 2, *PP2, *SP),
            "pp2xdp2-zero3": (4, 1, *PP2, *ZERO3)}
 RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
-TINY_RUNS = ([(1, 1, *LAYOUT_MODEL)] + [(nproc, tp, *LAYOUT_MODEL, *flags) for nproc, tp, *flags in LAYOUTS.values()]
+LLAMA_RUNS = ([(1, 1, *LAYOUT_MODEL)] + [(nproc, tp, *LAYOUT_MODEL, *flags) for nproc, tp, *flags in LAYOUTS.values()]
              + [(2, 2, *LAYOUT_MODEL, *SP, *RECOMPUTE)])
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_llama_layouts_print_the_single_process_run(runs, layout):
+def test_llama_layouts_print_the_single_process_run(llama_runs, layout):
     """lm loss, grad norm (TensorBoard's, unrounded) and validation loss of 12 iterations within 1e-5,
     and the same weights at the end (gathered whole from the checkpoint)."""
     import json
@@ -193,8 +193,8 @@ def test_llama_layouts_print_the_single_process_run(runs, layout):
     from test_parallel import assert_same_run, assert_same_weights
 
     nproc, tp, *flags = LAYOUTS[layout]
-    found, save, _ = runs(nproc, tp, *LAYOUT_MODEL, *flags)
-    reference, single_save, _ = runs(1, 1, *LAYOUT_MODEL)
+    found, save, _ = llama_runs(nproc, tp, *LAYOUT_MODEL, *flags)
+    reference, single_save, _ = llama_runs(1, 1, *LAYOUT_MODEL)
     assert_same_run(found, reference)
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
@@ -230,11 +230,11 @@ def test_cached_decoding_gives_the_full_forward_logits(kind, constant_mask, monk
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-5, atol=1e-5)
 
 
-def test_llama_full_recompute_with_sequence_parallelism_prints_exactly_the_run_without_it(runs):
+def test_llama_full_recompute_with_sequence_parallelism_prints_exactly_the_run_without_it(llama_runs):
     """Full recompute at TP=2 with --sequence-parallel: the very values of the run without it."""
-    found, _, log = runs(2, 2, *LAYOUT_MODEL, *SP, *RECOMPUTE)
+    found, _, log = llama_runs(2, 2, *LAYOUT_MODEL, *SP, *RECOMPUTE)
     assert "activation recompute: full, uniform, 1 layer(s) (2 cells marked)" in log
-    assert found == runs(2, 2, *LAYOUT_MODEL, *SP)[0]
+    assert found == llama_runs(2, 2, *LAYOUT_MODEL, *SP)[0]
 
 
 @pytest.mark.parametrize("flags, message", [

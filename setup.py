@@ -28,7 +28,9 @@ setup(
                             # check our GPT-2 byte-level BPE against it)
     ],
     extras_require={
-        "test": ["pytest"],
+        "test": ["pytest", "sentencepiece"],
+        # --tokenizer-type GPTSentencePieceTokenizer / Llama2Tokenizer (a tokenizer.model file).
+        "sentencepiece": ["sentencepiece"],
         # Only benchmarks/bench_pretrain.py's PyTorch eager side; never imported by rapidgpt.
         "bench": ["torch==2.13.0"],
     },

@@ -414,3 +414,54 @@ def test_hugging_face_tokenizer_folder_errors(tmp_path, files, message):
             (tmp_path / name).write_bytes(source.read())
     with pytest.raises(TokenizerError, match=message):
         build_tokenizer(SimpleNamespace(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(tmp_path)))
+
+
+# ---- SentencePiece models (--tokenizer-type GPTSentencePieceTokenizer / Llama2Tokenizer) ---------
+# tests/fixtures/sentencepiece_tiny: a SentencePiece BPE model with Llama 2's settings, saved by
+# transformers, and transformers' slow LlamaTokenizer results on it (make_sentencepiece_tiny.py).
+SENTENCEPIECE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "sentencepiece_tiny")
+
+
+@pytest.mark.parametrize("kind", ["Llama2Tokenizer", "GPTSentencePieceTokenizer"])
+def test_sentencepiece_model_gives_llama_tokenizers_ids(kind):
+    """Llama2Tokenizer: LlamaTokenizer's ids (BOS first); GPTSentencePieceTokenizer: its ids without
+    special tokens; both decode as it does. Text spelling a special token is text here (Megatron's
+    meaning), where LlamaTokenizer splits the token out."""
+    import sentencepiece
+    with open(os.path.join(SENTENCEPIECE, "reference.json"), encoding="utf-8") as f:
+        reference = json.load(f)
+    model = os.path.join(SENTENCEPIECE, "tokenizer.model")
+    tokenizer = build_tokenizer(SimpleNamespace(tokenizer_type=kind, tokenizer_model=model))
+    assert tokenizer.vocab_size == reference["vocab_size"] and tokenizer.eod == reference["eos_token_id"]
+    special = 0
+    for text, ids, plain, decoded in zip(reference["texts"], reference["ids"], reference["ids_no_special"],
+                                         reference["decoded"]):
+        if "</s>" in text:
+            special += 1
+            literal = sentencepiece.SentencePieceProcessor(model_file=model).encode(text)
+            assert reference["eos_token_id"] not in literal and reference["eos_token_id"] in plain
+            plain, ids = literal, [reference["bos_token_id"], *literal]
+        assert tokenizer.tokenize(text) == (ids if kind == "Llama2Tokenizer" else plain), text
+        assert tokenizer.detokenize(plain).lstrip(" ") == decoded.lstrip(" "), text
+    assert special == 1
+
+
+def test_sentencepiece_problems_are_one_line(tmp_path, monkeypatch):
+    from rapidgpt.arguments import build_parser, validate_args
+    from rapidgpt.flag_parser import ArgumentError
+    from rapidgpt.tokenizer.sentencepiece_tokenizer import SentencePieceError, model_file_problem
+    with pytest.raises(ArgumentError) as error:
+        validate_args(build_parser().parse_args(["--tokenizer-type", "GPTSentencePieceTokenizer", "--train-iters", "1"]))
+    assert ("--tokenizer-model: required for --tokenizer-type GPTSentencePieceTokenizer; give the SentencePiece "
+            "model file") in error.value.problems
+    assert "no such file (a folder: give its tokenizer.model)" in model_file_problem("Llama2Tokenizer", str(tmp_path))
+    bad = tmp_path / "tokenizer.model"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(SentencePieceError, match="not a SentencePiece model"):
+        build_tokenizer(SimpleNamespace(tokenizer_type="Llama2Tokenizer", tokenizer_model=str(bad)))
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)        # as if it were not installed
+    model = os.path.join(SENTENCEPIECE, "tokenizer.model")
+    message = "--tokenizer-type Llama2Tokenizer needs the `sentencepiece` library; pip install sentencepiece"
+    assert model_file_problem("Llama2Tokenizer", model).startswith(message)
+    with pytest.raises(SentencePieceError, match=message.replace("`", ".")):
+        build_tokenizer(SimpleNamespace(tokenizer_type="Llama2Tokenizer", tokenizer_model=model))

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from rapidgpt.data.indexed_dataset import (IndexedDatasetBuilder, best_fitting_dtype,
                                            data_file_path, index_file_path)
-from rapidgpt.tokenizer import build_tokenizer
+from rapidgpt.tokenizer import TOKENIZER_MODEL_HELP, TOKENIZER_TYPES, build_tokenizer
 from rapidgpt.utils import bounded_imap
 
 
@@ -57,11 +57,8 @@ def get_args(argv=None):
                        help="accepted for compatibility; text is never stripped of newlines here (a "
                             "sentence keeps the newlines inside it)")
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-type", required=True,
-                       choices=["GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase",
-                                "HuggingFaceTokenizer"])
-    group.add_argument("--tokenizer-model", default=None, metavar="DIR",
-                       help="--tokenizer-type HuggingFaceTokenizer: the Hugging Face tokenizer folder")
+    group.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
+    group.add_argument("--tokenizer-model", default=None, metavar="PATH", help=TOKENIZER_MODEL_HELP)
     group.add_argument("--vocab-file", default=None)
     group.add_argument("--merge-file", default=None)
     group.add_argument("--append-eod", action="store_true",

@@ -1,27 +1,48 @@
-"""Tokenizers with Megatron's interface, `build_tokenizer` to pick one from the flags, and the
-embedding rows a vocabulary is padded to."""
+"""Tokenizers with Megatron's interface, `build_tokenizer` to pick one from the flags
+(TOKENIZER_TYPES: the --tokenizer-type choices of training and preprocessing), and the embedding
+rows a vocabulary is padded to."""
 import math
 
 from rapidgpt.tokenizer.bert_wordpiece import BertWordPieceTokenizer
 from rapidgpt.tokenizer.bpe_trainer import save_gpt2_format, train_byte_level_bpe
 from rapidgpt.tokenizer.gpt2_bpe import GPT2BPETokenizer
-from rapidgpt.tokenizer.hf_tokenizer import HuggingFaceTokenizer
+from rapidgpt.tokenizer.hf_tokenizer import HuggingFaceTokenizer, folder_problem
+from rapidgpt.tokenizer.sentencepiece_tokenizer import SENTENCEPIECE_TYPES, SentencePieceTokenizer, model_file_problem
 
-__all__ = ["BertWordPieceTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer", "build_tokenizer",
-           "padded_vocab_size", "save_gpt2_format", "train_byte_level_bpe"]
+__all__ = ["BertWordPieceTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer",
+           "TOKENIZER_TYPES", "build_tokenizer", "padded_vocab_size", "save_gpt2_format", "train_byte_level_bpe"]
 
-TOKENIZER_TYPES = ("GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase", "HuggingFaceTokenizer")
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase", "HuggingFaceTokenizer",
+                   *SENTENCEPIECE_TYPES)
+# The types read from --tokenizer-model (a folder or a model file) rather than --vocab-file.
+MODEL_TOKENIZER_TYPES = ("HuggingFaceTokenizer", *SENTENCEPIECE_TYPES)
+TOKENIZER_MODEL_HELP = ("--tokenizer-type HuggingFaceTokenizer: a Hugging Face tokenizer folder (tokenizer.json, "
+                        "tokenizer_config.json), as saved by save_pretrained, read with the `tokenizers` library; "
+                        "GPTSentencePieceTokenizer / Llama2Tokenizer: a SentencePiece model file (tokenizer.model), "
+                        "read with the optional `sentencepiece` library")
+
+
+def check_tokenizer_model(kind, path, check):
+    """The flag check of --tokenizer-model for --tokenizer-type `kind` (one of
+    MODEL_TOKENIZER_TYPES), into the flag checker `check`."""
+    what = "the folder holding tokenizer.json" if kind == "HuggingFaceTokenizer" else "the SentencePiece model file"
+    if check.require(path, f"--tokenizer-model: required for --tokenizer-type {kind}; give {what}"):
+        problem = folder_problem(path) if kind == "HuggingFaceTokenizer" else model_file_problem(kind, path)
+        check.require(problem is None, f"--tokenizer-model: {problem}")
 
 
 def build_tokenizer(args):
     """Build the tokenizer named by --tokenizer-type from --vocab-file (and --merge-file), or from
-    --tokenizer-model (a Hugging Face tokenizer folder)."""
+    --tokenizer-model (a Hugging Face tokenizer folder, a SentencePiece model file)."""
     kind = getattr(args, "tokenizer_type", None)
-    if kind == "HuggingFaceTokenizer":
-        if not getattr(args, "tokenizer_model", None):
-            raise ValueError("--tokenizer-model is required for --tokenizer-type HuggingFaceTokenizer: pass the "
-                             "folder holding tokenizer.json")
-        return HuggingFaceTokenizer(args.tokenizer_model)
+    if kind in MODEL_TOKENIZER_TYPES:
+        model = getattr(args, "tokenizer_model", None)
+        if not model:
+            what = "folder holding tokenizer.json" if kind == "HuggingFaceTokenizer" else "SentencePiece model file"
+            raise ValueError(f"--tokenizer-model is required for --tokenizer-type {kind}: pass the {what}")
+        if kind == "HuggingFaceTokenizer":
+            return HuggingFaceTokenizer(model)
+        return SentencePieceTokenizer(model, add_bos=(kind == "Llama2Tokenizer"))
     vocab_file = getattr(args, "vocab_file", None)
     merge_file = getattr(args, "merge_file", None)
     if kind not in TOKENIZER_TYPES:

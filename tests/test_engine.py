@@ -430,12 +430,12 @@ def test_progress_bar_shows_no_loss_for_a_skipped_iteration(monkeypatch):
     args = SimpleNamespace(no_progress_bar=False, log_interval=2, tensorboard_log_interval=1, global_batch_size=8,
                            timing_log_level=0)
     reporter = reporting.Reporter(args, train_iters=4)
-    reporter.iteration(1, 8, {"lm loss": 6.5}, 1e-3, StepResult(6.5, 1.0, True, 1024.0), 0.1, 100)
+    reporter.iteration(1, 8, {"lm loss": 6.5}, (1e-3,), StepResult(6.5, 1.0, True, 1024.0), 0.1, 100)
     assert reporter.bar.postfix == "lm loss=6.500"
-    reporter.iteration(2, 16, {"lm loss": 7.25}, 1e-3, StepResult(7.25, float("inf"), False, 512.0), 0.1, 100)
+    reporter.iteration(2, 16, {"lm loss": 7.25}, (1e-3,), StepResult(7.25, float("inf"), False, 512.0), 0.1, 100)
     assert "7.25" not in reporter.bar.postfix and "skipped" in reporter.bar.postfix
     assert "lm loss: 6.500000E+00 |" in lines[-1] and "number of skipped iterations:   1 |" in lines[-1]
-    reporter.iteration(3, 24, {"lm loss": 6.25}, 1e-3, StepResult(6.25, 1.0, True, 512.0), 0.1, 100)
+    reporter.iteration(3, 24, {"lm loss": 6.25}, (1e-3,), StepResult(6.25, 1.0, True, 512.0), 0.1, 100)
     assert reporter.bar.postfix == "lm loss=6.250"
     reporter.close()
 

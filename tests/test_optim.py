@@ -47,6 +47,27 @@ def test_lr_schedule_matches_megatron(style, warmup, init_lr):
         assert sched.get_lr() == 3e-5  # past the decay end
 
 
+@pytest.mark.parametrize("style", ["linear", "cosine", "inverse-square-root"])
+def test_decoupled_lr_follows_megatrons_rule_per_group(style):
+    """--decoupled-lr 5e-4 --decoupled-min-lr 4.5e-5 beside --lr 1.5e-4 --min-lr 1e-5 (Megatron's
+    llama3 example; the ratios differ, so the second rate is not a multiple of the first): each
+    group's curve is Megatron's rule with its own max and min, from the same --lr-warmup-init;
+    --decoupled-min-lr defaults to --min-lr; the setting is in the state checked on resume."""
+    sched = OptimizerParamScheduler(1.5e-4, 1e-5, 64, 800, style, init_lr=1e-6, decoupled_lr=5e-4,
+                                    decoupled_min_lr=4.5e-5)
+    n = 0
+    for increment in [0, 1, 63, 5, 300, 400, 100]:
+        sched.step(increment)
+        n += increment
+        assert sched.get_lrs() == pytest.approx((megatron_lr(n, 1.5e-4, 1e-5, 64, 800, style, 1e-6),
+                                                 megatron_lr(n, 5e-4, 4.5e-5, 64, 800, style, 1e-6)), rel=1e-12)
+    assert OptimizerParamScheduler(1.5e-4, 1e-5, 0, 800, style, decoupled_lr=5e-4).decoupled_min_lr == 1e-5
+    assert OptimizerParamScheduler(1.5e-4, 1e-5, 0, 800, style).get_lrs() == (1.5e-4,)
+    plain = OptimizerParamScheduler(1.5e-4, 1e-5, 64, 800, style, init_lr=1e-6)
+    with pytest.raises(ValueError, match="--decoupled-lr: this run None, checkpoint 0.0005"):
+        plain.load_state_dict(sched.state_dict())
+
+
 def test_lr_schedule_landmarks():
     sched = OptimizerParamScheduler(1.0, 0.1, 10, 110, "linear")
     assert [sched.step(s) for s in (5, 5, 50, 50, 1)] == pytest.approx([0.5, 1.0, 0.55, 0.1, 0.1])
@@ -219,6 +240,45 @@ def test_adamw_matches_torch_adamw(mode):
     assert float(opt.learning_rate.asnumpy()) == pytest.approx(LRS[-1])
 
 
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+def test_decoupled_lr_updates_the_embedding_and_output_layer_at_their_rate(kind, mode):
+    """decoupled_lr=True: the rate is a Tensor (lr, decoupled lr); parameters named
+    *word_embeddings.weight and *output_layer.weight (also as fp32 main copies or ZeRO pieces,
+    whose names end so) take the second, the others the first: the torch updates of each
+    parameter at its own rate."""
+    from rapidgpt.optim.adamw import megatron_decoupled_lr
+    rng = np.random.default_rng(0)
+    names = ["word_embeddings.weight", "layers.0.mlp.weight", "main_params.output_layer.weight", "final_norm.weight"]
+    shapes = [(5, 3), (3, 3), (5, 3), (3,)]
+    params = [Parameter(Tensor(rng.standard_normal(s).astype(np.float32)), name=n) for n, s in zip(names, shapes)]
+    assert [megatron_decoupled_lr(p) for p in params] == [True, False, True, False]
+    assert megatron_decoupled_lr(Parameter(Tensor(np.zeros(2, np.float32)), name="zero_shard.word_embeddings.weight"))
+    initial = [p.asnumpy().copy() for p in params]
+    grads = step_grads(shapes)
+    rates = [(lr, 3 * lr + 1e-3) for lr in LRS]
+    if kind == "adam":
+        opt = AdamW(params, lr=0.5, betas=(0.9, 0.95), weight_decay=0.1, decoupled_lr=True)
+    else:
+        opt = SGD(params, lr=0.5, momentum=0.9, weight_decay=0.1, decoupled_lr=True)
+    assert opt.lr_slots == (1, 0, 1, 0)
+    @ms.jit
+    def jitted(grads, lr):
+        opt(grads, lr)
+
+    fn = opt if mode == "pynative" else jitted
+    for step, rate in zip(grads, rates):
+        fn(ms.mutable(tuple(Tensor(g) for g in step)), Tensor(rate, ms.float32))
+    for i, p in enumerate(params):
+        own = [rate[opt.lr_slots[i]] for rate in rates]
+        column = [[step[i]] for step in grads]
+        decay = [opt.weight_decays[i]]
+        expected = (numpy_adamw([initial[i]], column, own, (0.9, 0.95), 1e-8, decay)[0] if kind == "adam"
+                    else numpy_sgd([initial[i]], column, own, 0.9, decay))[0]
+        np.testing.assert_allclose(p.asnumpy(), expected, rtol=1e-5, atol=1e-6, err_msg=names[i])
+    np.testing.assert_allclose(opt.learning_rate.asnumpy(), rates[-1], rtol=1e-6)
+
+
 def test_adamw_state_names_and_default_filter():
     params = make_params()
     opt = AdamW(params)
@@ -309,3 +369,18 @@ def test_clip_disabled_and_given_norm():
     clipped, got_norm = clip_grads_by_global_norm(tensors, 1.0, norm=Tensor(4.0, ms.float32))
     assert float(got_norm.asnumpy()) == 4.0
     np.testing.assert_allclose(clipped[0].asnumpy(), grads[0] / (4.0 + 1e-6), rtol=1e-6)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--decoupled-min-lr", "1e-5"), "--decoupled-min-lr: only with --decoupled-lr; add it, or remove --decoupled-min-lr"),
+    (("--decoupled-lr", "1e-4", "--decoupled-min-lr", "2e-4"),
+     "--decoupled-min-lr: 0.0002 (default --min-lr) must be in [0, --decoupled-lr 0.0001]"),
+    (("--decoupled-lr", "1e-4", "--min-lr", "5e-4", "--lr", "1e-3"),
+     "--decoupled-min-lr: 0.0005 (default --min-lr) must be in [0, --decoupled-lr 0.0001]"),
+])
+def test_decoupled_lr_flags_are_checked_with_one_line_each(flags, message):
+    from rapidgpt.arguments import build_parser, validate_args
+    from rapidgpt.flag_parser import ArgumentError
+    with pytest.raises(ArgumentError) as error:
+        validate_args(build_parser().parse_args(["--train-iters", "1", *flags]))
+    assert message in error.value.problems, error.value.problems

@@ -7,6 +7,9 @@ which is saved with the optimizer state.
 
 Weight decay follows Megatron's parameter groups: biases and 1-D parameters (LayerNorm/RMSNorm
 weights and biases) get none; pass `no_decay_filter` to choose differently.
+
+With `decoupled_lr=True` (--decoupled-lr) the rate is a Tensor of two, `(lr, decoupled lr)`: the
+second is the rate of the input embedding and the output layer (`megatron_decoupled_lr`).
 """
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
@@ -23,6 +26,16 @@ def megatron_no_decay(param):
     return param.name.endswith("bias") or param.ndim <= 1
 
 
+def megatron_decoupled_lr(param):
+    """Megatron's rule (is_embedding_or_output_parameter): the word embedding and the output layer's
+    weight take --decoupled-lr. By name, so that it holds for their fp32 main copies and ZeRO's
+    pieces too, which keep the name as a suffix."""
+    return param.name.endswith(DECOUPLED_LR_NAMES)
+
+
+DECOUPLED_LR_NAMES = ("word_embeddings.weight", "output_layer.weight")
+
+
 def weight_decays_of(params, weight_decay, no_decay_filter=None):
     """Each parameter's weight decay: `weight_decay`, or 0 where `no_decay_filter` (default
     megatron_no_decay) says so."""
@@ -33,7 +46,7 @@ def weight_decays_of(params, weight_decay, no_decay_filter=None):
 class _Optimizer(nn.Cell):
     """What AdamW and SGD share: the parameter tuple, per-parameter weight decay, the lr Parameter."""
 
-    def __init__(self, params, lr, weight_decay, no_decay_filter):
+    def __init__(self, params, lr, weight_decay, no_decay_filter, decoupled_lr=False):
         # auto_prefix=False: registering the state must not rename the model's parameters.
         super().__init__(auto_prefix=False)
         self.parameters = ParameterTuple(params)
@@ -48,7 +61,10 @@ class _Optimizer(nn.Cell):
             raise ValueError(f"--lr ({lr}) and --weight-decay ({weight_decay}) must be >= 0")
         # Python floats: constants folded into the compiled graph.
         self.weight_decays = weight_decays_of(self.parameters, weight_decay, no_decay_filter)
-        self.learning_rate = Parameter(Tensor(lr, ms.float32), name="learning_rate", requires_grad=False)
+        self.learning_rate = Parameter(Tensor([lr, lr] if decoupled_lr else lr, ms.float32), name="learning_rate",
+                                       requires_grad=False)
+        # Each parameter's index into the rate (Python constants), or None: one rate for all.
+        self.lr_slots = tuple(int(megatron_decoupled_lr(p)) for p in self.parameters) if decoupled_lr else None
         # Set under ZeRO (rapidgpt/optim/mixed_precision.py), whose wrapper reads the pieces right
         # after the update to gather them: every parameter is then written by an assign before its
         # update kernel (p *= 1 - lr*wd, exact at wd = 0). MindSpore 2.10 does not reliably order
@@ -80,6 +96,10 @@ class _Optimizer(nn.Cell):
             ops.assign(self.learning_rate, ops.cast(lr, ms.float32))
         return self.learning_rate
 
+    def _rate(self, lr, i):
+        """The rate of parameter i: `lr`, or its element for the parameter's group."""
+        return lr if self.lr_slots is None else lr[self.lr_slots[i]]
+
 
 class AdamW(_Optimizer):
     """torch.optim.AdamW on MindSpore's fused Adam kernel (`ops.Adam`, the one `nn.Adam` uses).
@@ -98,13 +118,14 @@ class AdamW(_Optimizer):
     `learning_rate`.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, no_decay_filter=None):
-        super().__init__(params, lr, weight_decay, no_decay_filter)
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, no_decay_filter=None,
+                 decoupled_lr=False):
+        super().__init__(params, lr, weight_decay, no_decay_filter, decoupled_lr)
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or eps <= 0:
             raise ValueError(f"AdamW needs 0 <= --adam-beta1, --adam-beta2 < 1 and --adam-eps > 0, "
                              f"got betas={betas}, eps={eps}")
         self.hyperparameters = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                    no_decay_filter=no_decay_filter)
+                                    no_decay_filter=no_decay_filter, decoupled_lr=decoupled_lr)
         self.beta1 = Tensor(betas[0], ms.float32)
         self.beta2 = Tensor(betas[1], ms.float32)
         self.eps = Tensor(eps, ms.float32)
@@ -114,20 +135,23 @@ class AdamW(_Optimizer):
         self.step_count = Parameter(Tensor(0, ms.int32), name="adam_step", requires_grad=False)
 
     def construct(self, grads, lr=None):
-        """One step; `grads` in `self.parameters` order, `lr` an optional scalar Tensor. Returns lr."""
+        """One step; `grads` in `self.parameters` order, `lr` an optional Tensor (a scalar, or two rates
+        with decoupled_lr). Returns lr."""
         lr = self._update_lr(lr)
         ops.assign_add(self.step_count, ops.ones((), ms.int32))
         t = ops.cast(self.step_count, ms.float32)
         beta1_power, beta2_power = ops.pow(self.beta1, t), ops.pow(self.beta2, t)
         eps = self.eps * ops.sqrt(1 - beta2_power)
-        if self.update_mapped:
+        if self.update_mapped and self.lr_slots is None:
             done = map_tensors(ops.partial(_adamw_update, beta1_power, beta2_power, lr, self.beta1, self.beta2, eps),
                                self.parameters, self.exp_avg, self.exp_avg_sq, grads, self.weight_decays)
             return ops.depend(lr, done)
-        for p, m, v, g, wd in zip(self.parameters, self.exp_avg, self.exp_avg_sq, grads, self.weight_decays):
+        for i, (p, m, v, g, wd) in enumerate(zip(self.parameters, self.exp_avg, self.exp_avg_sq, grads,
+                                                  self.weight_decays)):
+            rate = self._rate(lr, i)
             if wd > 0 or self.assign_before_update:          # Python constants: no branch in the graph
-                p = ops.depend(p, ops.assign(p, p * (1 - lr * wd)))
-            _ADAM(p, m, v, beta1_power, beta2_power, lr, self.beta1, self.beta2, eps, ops.cast(g, p.dtype))
+                p = ops.depend(p, ops.assign(p, p * (1 - rate * wd)))
+            _ADAM(p, m, v, beta1_power, beta2_power, rate, self.beta1, self.beta2, eps, ops.cast(g, p.dtype))
         return lr
 
 
@@ -149,30 +173,32 @@ class SGD(_Optimizer):
     = d_p at the first step). Without momentum no buffer is kept.
     """
 
-    def __init__(self, params, lr, momentum=0.0, weight_decay=0.0, no_decay_filter=None):
-        super().__init__(params, lr, weight_decay, no_decay_filter)
+    def __init__(self, params, lr, momentum=0.0, weight_decay=0.0, no_decay_filter=None, decoupled_lr=False):
+        super().__init__(params, lr, weight_decay, no_decay_filter, decoupled_lr)
         if momentum < 0:
             raise ValueError(f"--sgd-momentum must be >= 0, got {momentum}")
         self.momentum = float(momentum)
         self.hyperparameters = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                                    no_decay_filter=no_decay_filter)
+                                    no_decay_filter=no_decay_filter, decoupled_lr=decoupled_lr)
         if self.momentum > 0:
             self.momentum_buffers = ParameterTuple(self.parameters).clone(prefix="sgd_momentum", init="zeros")
             self.apply_momentum = ops.ApplyMomentum()
 
     def construct(self, grads, lr=None):
-        """One step; `grads` in `self.parameters` order, `lr` an optional scalar Tensor. Returns lr."""
+        """One step; `grads` in `self.parameters` order, `lr` an optional Tensor (a scalar, or two rates
+        with decoupled_lr). Returns lr."""
         lr = self._update_lr(lr)
         for i, p in enumerate(self.parameters):
+            rate = self._rate(lr, i)
             d_p = ops.cast(grads[i], p.dtype)
             if self.weight_decays[i] > 0:
                 d_p = d_p + self.weight_decays[i] * p
             if self.momentum > 0:
                 if self.assign_before_update:
                     p = ops.depend(p, ops.assign(p, p * 1))
-                self.apply_momentum(p, self.momentum_buffers[i], ops.cast(lr, p.dtype), d_p, self.momentum)
+                self.apply_momentum(p, self.momentum_buffers[i], ops.cast(rate, p.dtype), d_p, self.momentum)
             else:
-                ops.assign_sub(p, ops.cast(lr, p.dtype) * d_p)
+                ops.assign_sub(p, ops.cast(rate, p.dtype) * d_p)
         return lr
 
 
@@ -180,10 +206,12 @@ def build_optimizer(args, params):
     """The optimizer named by `--optimizer` ("adam" = AdamW, or "sgd"), with Megatron's defaults."""
     name = getattr(args, "optimizer", "adam")
     weight_decay = getattr(args, "weight_decay", 0.01)
+    decoupled = getattr(args, "decoupled_lr", None) is not None
     if name == "adam":
         betas = (getattr(args, "adam_beta1", 0.9), getattr(args, "adam_beta2", 0.999))
         return AdamW(params, lr=args.lr, betas=betas, eps=getattr(args, "adam_eps", 1e-8),
-                     weight_decay=weight_decay)
+                     weight_decay=weight_decay, decoupled_lr=decoupled)
     if name == "sgd":
-        return SGD(params, lr=args.lr, momentum=getattr(args, "sgd_momentum", 0.9), weight_decay=weight_decay)
+        return SGD(params, lr=args.lr, momentum=getattr(args, "sgd_momentum", 0.9), weight_decay=weight_decay,
+                   decoupled_lr=decoupled)
     raise ValueError(f"--optimizer: unknown optimizer {name!r}; choose 'adam' or 'sgd'")

@@ -8,6 +8,10 @@ with a different one) and still follow the same curve over the data. We do the s
 The scheduler only computes the value; the engine passes it to the optimizer each iteration as
 a Tensor (`opt(grads, lr)`), so a changing learning rate never recompiles the jitted step.
 
+`--decoupled-lr` (and `--decoupled-min-lr`, default `--min-lr`) give the input embedding and the
+output layer their own curve, Megatron's decoupled learning rate: the same warmup and decay
+between those two values (`get_lrs()`: the rate of each parameter group, the decoupled one second).
+
 Weight-decay increment (`--start-weight-decay/--end-weight-decay`) is not implemented: the
 weight decay is constant, as with Megatron's default `--weight-decay-incr-style constant`.
 """
@@ -32,7 +36,8 @@ class OptimizerParamScheduler:
         ("cosine").
     """
 
-    def __init__(self, max_lr, min_lr, lr_warmup_steps, lr_decay_steps, lr_decay_style, init_lr=0.0):
+    def __init__(self, max_lr, min_lr, lr_warmup_steps, lr_decay_steps, lr_decay_style, init_lr=0.0,
+                 decoupled_lr=None, decoupled_min_lr=None):
         # Each message names the command-line flag(s) the value comes from, as users know those.
         if lr_decay_style not in DECAY_STYLES:
             raise ValueError(f"--lr-decay-style: unknown style {lr_decay_style!r}; "
@@ -53,32 +58,47 @@ class OptimizerParamScheduler:
             raise ValueError(f"the warmup (--lr-warmup-iters/--lr-warmup-samples/--lr-warmup-fraction, "
                              f"{lr_warmup_steps} samples) must not exceed the decay length "
                              f"(--lr-decay-iters/--lr-decay-samples, {lr_decay_steps} samples)")
+        if decoupled_lr is not None and not 0 <= (min_lr if decoupled_min_lr is None else decoupled_min_lr) \
+                <= decoupled_lr:
+            raise ValueError(f"--decoupled-min-lr (default --min-lr) must lie in [0, --decoupled-lr ({decoupled_lr})]")
         self.max_lr = float(max_lr)
         self.min_lr = float(min_lr)
         self.init_lr = float(init_lr)
         self.lr_warmup_steps = lr_warmup_steps
         self.lr_decay_steps = lr_decay_steps
         self.lr_decay_style = lr_decay_style
+        self.decoupled_lr = None if decoupled_lr is None else float(decoupled_lr)
+        self.decoupled_min_lr = None if decoupled_lr is None else float(
+            min_lr if decoupled_min_lr is None else decoupled_min_lr)
         self.num_steps = 0
 
     def get_lr(self):
         """The learning rate after `num_steps` samples (see the class docstring)."""
+        return self._lr(self.max_lr, self.min_lr)
+
+    def get_lrs(self):
+        """(learning rate,), or (learning rate, decoupled learning rate) with --decoupled-lr."""
+        if self.decoupled_lr is None:
+            return (self.get_lr(),)
+        return self.get_lr(), self._lr(self.decoupled_lr, self.decoupled_min_lr)
+
+    def _lr(self, max_lr, min_lr):
         if self.lr_warmup_steps > 0 and self.num_steps <= self.lr_warmup_steps:
-            return self.init_lr + (self.max_lr - self.init_lr) * self.num_steps / self.lr_warmup_steps
+            return self.init_lr + (max_lr - self.init_lr) * self.num_steps / self.lr_warmup_steps
         if self.lr_decay_style == "constant":
-            return self.max_lr
+            return max_lr
         if self.num_steps > self.lr_decay_steps:
-            return self.min_lr
+            return min_lr
         if self.lr_decay_style == "inverse-square-root":
             # Megatron clamps both to >= 1 so that a zero warmup or step 0 stays finite.
-            lr = self.max_lr * math.sqrt(max(self.lr_warmup_steps, 1)) / math.sqrt(max(self.num_steps, 1))
-            return max(self.min_lr, lr)
+            lr = max_lr * math.sqrt(max(self.lr_warmup_steps, 1)) / math.sqrt(max(self.num_steps, 1))
+            return max(min_lr, lr)
         ratio = (self.num_steps - self.lr_warmup_steps) / (self.lr_decay_steps - self.lr_warmup_steps)
         if self.lr_decay_style == "linear":
             coeff = 1.0 - ratio
         else:  # cosine
             coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
-        return self.min_lr + coeff * (self.max_lr - self.min_lr)
+        return min_lr + coeff * (max_lr - min_lr)
 
     def step(self, increment):
         """Advance by `increment` samples (one iteration = the global batch size); returns the new lr."""
@@ -93,6 +113,8 @@ class OptimizerParamScheduler:
             "lr_warmup_steps": self.lr_warmup_steps,
             "lr_decay_steps": self.lr_decay_steps,
             "lr_decay_style": self.lr_decay_style,
+            "decoupled_lr": self.decoupled_lr,
+            "decoupled_min_lr": self.decoupled_min_lr,
             "num_steps": self.num_steps,
         }
 
@@ -103,8 +125,8 @@ class OptimizerParamScheduler:
         Megatron also refuses a checkpoint whose schedule differs unless told: silently switching
         curves mid-run is rarely what the user meant. Every differing setting is reported at once.
         """
-        differing = {name: (value, state_dict[name]) for name, value in self.state_dict().items()
-                     if name != "num_steps" and state_dict[name] != value}
+        differing = {name: (value, state_dict.get(name)) for name, value in self.state_dict().items()
+                     if name != "num_steps" and state_dict.get(name) != value}
         if differing and use_checkpoint:
             for name, (_, saved) in differing.items():
                 setattr(self, name, saved)
@@ -117,6 +139,12 @@ class OptimizerParamScheduler:
         self.num_steps = state_dict["num_steps"]
 
 
+def learning_rates(scheduler):
+    """The rates of `scheduler` (RapidGPT's, or a user's with only `get_lr()`) for this step: (lr,)
+    or (lr, decoupled lr)."""
+    return scheduler.get_lrs() if hasattr(scheduler, "get_lrs") else (scheduler.get_lr(),)
+
+
 # The flags behind each schedule setting (lengths are kept in samples: iterations x global batch).
 SETTING_FLAGS = {
     "max_lr": "--lr", "min_lr": "--min-lr", "init_lr": "--lr-warmup-init",
@@ -125,6 +153,7 @@ SETTING_FLAGS = {
     "lr_decay_steps": "decay length in samples (--lr-decay-iters, default --train-iters, x --global-batch-size; "
                       "or --lr-decay-samples)",
     "lr_decay_style": "--lr-decay-style",
+    "decoupled_lr": "--decoupled-lr", "decoupled_min_lr": "--decoupled-min-lr",
 }
 
 
@@ -178,4 +207,6 @@ def build_lr_scheduler(args):
         lr_decay_steps=decay_steps,
         lr_decay_style=getattr(args, "lr_decay_style", "linear"),
         init_lr=getattr(args, "lr_warmup_init", 0.0),
+        decoupled_lr=getattr(args, "decoupled_lr", None),
+        decoupled_min_lr=getattr(args, "decoupled_min_lr", None),
     )

@@ -10,15 +10,18 @@ from rapidgpt.global_vars import get_logger, get_tensorboard_writer, get_timers,
 
 def training_log_line(iteration, train_iters, consumed_samples, ms_per_iteration, learning_rate,
                       global_batch_size, losses, loss_scale, grad_norm, skipped, nan, per_second,
-                      unit="tokens", tflops_per_rank=None):
+                      unit="tokens", tflops_per_rank=None, decoupled_learning_rate=None):
     """Megatron's training line, field for field (`losses`: {name: interval mean};
-    `tflops_per_rank`: --log-throughput's figure, or None)."""
+    `tflops_per_rank`: --log-throughput's figure, or None; `decoupled_learning_rate`: --decoupled-lr's
+    current rate, or None)."""
     line = f" iteration {iteration:8d}/{train_iters:8d} |"
     line += f" consumed samples: {consumed_samples:12d} |"
     line += f" elapsed time per iteration (ms): {ms_per_iteration:.1f} |"
     if tflops_per_rank is not None:
         line += f" throughput per GPU (TFLOP/s/GPU): {tflops_per_rank:.1f} |"
     line += f" learning rate: {learning_rate:.6E} |"
+    if decoupled_learning_rate is not None:
+        line += f" decoupled learning rate: {decoupled_learning_rate:.6E} |"
     line += f" global batch size: {global_batch_size:5d} |"
     for name, value in losses.items():       # Megatron leaves out a loss no update contributed to
         line += f" {name}: {value:.6E} |"
@@ -80,9 +83,10 @@ class Reporter:
     def _reset(self):
         self.loss_sum, self.iters, self.advanced, self.skipped, self.nan, self.seconds = {}, 0, 0, 0, 0, 0.0
 
-    def iteration(self, iteration, consumed_samples, losses, lr, step, seconds, units):
-        """Record one training iteration (`losses`: {name: value}; `step`: its
-        rapidgpt.training.step.StepResult); log when the interval is full.
+    def iteration(self, iteration, consumed_samples, losses, rates, step, seconds, units):
+        """Record one training iteration (`losses`: {name: value}; `rates`: the learning rate, and
+        the decoupled one with --decoupled-lr; `step`: its rapidgpt.training.step.StepResult); log
+        when the interval is full.
 
         As Megatron's training_log: a skipped iteration (overflow, NaN) counts in "number of
         skipped iterations", its loss is not averaged (the bar shows "skipped" instead of it), and
@@ -102,7 +106,9 @@ class Reporter:
             self.bar.set_postfix_str("skipped", refresh=False)     # as in the log line: no loss
         self.bar.update(1)
         if self.writer is not None and iteration % self.args.tensorboard_log_interval == 0:
-            self.writer.add_scalar("learning-rate", lr, iteration)
+            self.writer.add_scalar("learning-rate", rates[0], iteration)
+            if len(rates) > 1:
+                self.writer.add_scalar("decoupled-learning-rate", rates[1], iteration)
             self.writer.add_scalar("batch-size", self.args.global_batch_size, iteration)
             for name, value in losses.items():
                 self.writer.add_scalar(name, value, iteration)
@@ -118,9 +124,10 @@ class Reporter:
             if tflops is not None and self.writer is not None:
                 self.writer.add_scalar("throughput", tflops, iteration)
             self.logger.info(training_log_line(
-                iteration, self.train_iters, consumed_samples, per_iter * 1000.0, lr,
+                iteration, self.train_iters, consumed_samples, per_iter * 1000.0, rates[0],
                 self.args.global_batch_size, averages, step.loss_scale, self.grad_norm if self.advanced else None,
-                self.skipped, self.nan, units / max(per_iter, 1e-9), self.unit, tflops))
+                self.skipped, self.nan, units / max(per_iter, 1e-9), self.unit, tflops,
+                rates[1] if len(rates) > 1 else None))
             if self.args.timing_log_level >= 1:         # a collective: every rank logs here
                 timing = self.timers.log(["batch-generator", "forward-backward-optimizer", "evaluate",
                                           "forward-compute", "backward-compute", "pipeline-p2p"],

@@ -16,8 +16,9 @@ from mindspore import Tensor, nn
 from rapidgpt.config.compile_cache import StepGraphCache
 from rapidgpt.global_vars import get_args, get_logger, get_timers
 from rapidgpt.models.gpt import GPTModel
-from rapidgpt.optim import build_lr_scheduler
-from rapidgpt.optim.mixed_precision import wrap_optimizer
+from rapidgpt.optim import build_lr_scheduler, learning_rates
+from rapidgpt.optim.distributed_optimizer import PIECE_PREFIX
+from rapidgpt.optim.mixed_precision import MAIN_PARAMS_PREFIX, wrap_optimizer
 from rapidgpt.parallel.comm import AllGather, barrier, sum_over_ranks
 from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
@@ -134,8 +135,24 @@ class Trainer:
         self.logger.info(optimizer.held_line())
         if scheduler is None:
             scheduler = build_lr_scheduler(self.args)
+        if self.args.decoupled_lr is not None:
+            self._check_decoupled_lr(optimizer, scheduler)
         self.timers("model-and-optimizer-setup").stop()
         return model, optimizer, scheduler
+
+    def _check_decoupled_lr(self, optimizer, scheduler):
+        """--decoupled-lr needs an optimizer with a rate per group and a scheduler giving both
+        rates; the parameters that take it are logged."""
+        inner = optimizer.optimizer
+        if getattr(inner, "lr_slots", None) is None or len(learning_rates(scheduler)) != 2:
+            raise HookContractError("--decoupled-lr: the optimizer or scheduler from model_optimizer_lr_scheduler_"
+                                    "provider has one learning rate; build rapidgpt.optim.AdamW/SGD with "
+                                    "decoupled_lr=True and rapidgpt.optim.build_lr_scheduler(args), or return None "
+                                    "for either to build it from the flags")
+        names = sorted({p.name.removeprefix(MAIN_PARAMS_PREFIX).removeprefix(PIECE_PREFIX)
+                        for p, slot in zip(inner.parameters, inner.lr_slots) if slot})
+        self.logger.info(f" > --decoupled-lr {self.args.decoupled_lr:g} for "
+                         f"{', '.join(names) if names else 'no parameter of this pipeline stage'}")
 
     def load_checkpoint_if_asked(self):
         """Megatron's start: resume from --load when it holds a checkpoint, else take the model
@@ -221,13 +238,15 @@ class Trainer:
                     stacked = stack_micro_batches([next(train_batches) for _ in range(n)])
                     timers("batch-generator", log_level=1).stop()
                     timers("forward-backward-optimizer", log_level=1).start()
-                    result = step(stacked, scheduler.get_lr(), iteration)
+                    rates = learning_rates(scheduler)
+                    result = step(stacked, rates[0] if len(rates) == 1 else rates, iteration)
                     timers("forward-backward-optimizer", log_level=1).stop()
                     if result.updated:          # a skipped step does not advance the LR schedule
                         scheduler.step(gbs)
                     consumed += gbs
-                    reporter.iteration(iteration, consumed, result.stats or {self.loss_name: result.loss}, scheduler.get_lr(),
-                                       result, time.perf_counter() - start, units_per_iteration)
+                    reporter.iteration(iteration, consumed, result.stats or {self.loss_name: result.loss},
+                                       learning_rates(scheduler), result, time.perf_counter() - start,
+                                       units_per_iteration)
                     if evaluate is not None and eval_interval and iteration % eval_interval == 0:
                         self._evaluate_in_eval_mode(model, evaluate, iteration)
                     saved = bool(args.save and args.save_interval and iteration % args.save_interval == 0)

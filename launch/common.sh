@@ -34,6 +34,12 @@ demo_bert_corpus_path() {
     "$PYTHON" -c "from rapidgpt.data.demo_corpus import demo_bert_corpus; print(demo_bert_corpus()['$1'])"
 }
 
+# demo_hf_corpus_path KEY: the same documents tokenized by the demo vocabulary as a Hugging Face
+# tokenizer folder (data_prefix, tokenizer_model the folder), built once the same way.
+demo_hf_corpus_path() {
+    "$PYTHON" -c "from rapidgpt.data.demo_corpus import demo_hf_corpus; print(demo_hf_corpus()['$1'])"
+}
+
 # The small model the example launchers train: 4 layers, hidden 256, 4 heads, 128 tokens, global
 # batch 16 as two micro-batches of 8 (any flag given after a launcher's name overrides these).
 SMALL_MODEL_ARGS=(

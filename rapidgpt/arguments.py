@@ -18,7 +18,8 @@ import sys
 from rapidgpt.data.gpt_dataset import parse_split
 from rapidgpt.config.bert import add_bert_args, check_bert_args
 from rapidgpt.config.compile_cache import add_compile_cache_args, check_compile_cache_args
-from rapidgpt.config.implementation_choices import add_implementation_choice_args
+from rapidgpt.config.implementation_choices import (add_implementation_choice_args, check_implementation_choice_args,
+                                                    values_of)
 from rapidgpt.config.kernel_fusion import add_kernel_fusion_args, check_kernel_fusion_args
 from rapidgpt.config.precision import add_precision_args, check_precision_args
 from rapidgpt.config.transformer import add_architecture_args, check_architecture_args
@@ -26,6 +27,7 @@ from rapidgpt.config.recompute import add_recompute_args, check_recompute_args
 from rapidgpt.config.zero import add_zero_args, check_zero_args
 from rapidgpt.flag_parser import ArgumentError, FlagParser, Problems, report_and_exit
 from rapidgpt.msrun_env import launched_by_msrun, launched_world_size
+from rapidgpt.tokenizer import MODEL_TOKENIZER_TYPES, TOKENIZER_MODEL_HELP, TOKENIZER_TYPES, check_tokenizer_model
 
 TASKS = ("pretraining", "text_generation", "sequence_classification")
 DEVICES = ("cpu", "gpu", "ascend")
@@ -104,6 +106,11 @@ def _optimizer_args(parser):
     g.add_argument("--lr-warmup-samples", type=int, default=0)
     g.add_argument("--lr-warmup-fraction", type=float, default=None)
     g.add_argument("--lr-warmup-init", type=float, default=0.0, help="learning rate the warmup starts from")
+    g.add_argument("--decoupled-lr", type=float, default=None,
+                   help="the learning rate of the input embedding and the output layer (parameters named "
+                        "*word_embeddings.weight, *output_layer.weight), on the same warmup and decay as --lr")
+    g.add_argument("--decoupled-min-lr", type=float, default=None,
+                   help="with --decoupled-lr: where their rate decays to (default --min-lr)")
 
 
 def _data_args(parser):
@@ -119,11 +126,8 @@ def _data_args(parser):
     g.add_argument("--data-cache-path", default=None)
     g.add_argument("--data-impl", "--dataset-impl", dest="data_impl", choices=["mmap", "infer"],
                    default="mmap", help="accepted for compatibility; Megatron's mmap format is read")
-    g.add_argument("--tokenizer-type", default=None,
-                   choices=["GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase", "HuggingFaceTokenizer"])
-    g.add_argument("--tokenizer-model", default=None, metavar="DIR",
-                   help="--tokenizer-type HuggingFaceTokenizer: a Hugging Face tokenizer folder (tokenizer.json, "
-                        "tokenizer_config.json), as saved by save_pretrained; read with the `tokenizers` library")
+    g.add_argument("--tokenizer-type", default=None, choices=TOKENIZER_TYPES)
+    g.add_argument("--tokenizer-model", default=None, metavar="PATH", help=TOKENIZER_MODEL_HELP)
     g.add_argument("--vocab-file", default=None)
     g.add_argument("--merge-file", default=None)
     g.add_argument("--eod-mask-loss", action="store_true")
@@ -232,7 +236,8 @@ def _checkpoint_args(parser):
                    help="save and exit when the iteration is a multiple of this")
     g.add_argument("--exit-duration-in-mins", type=float, default=None,
                    help="save and exit once training has run this long")
-    g.add_argument("--ckpt-format", choices=["ckpt", "safetensors"], default="ckpt")
+    g.add_argument("--ckpt-format", choices=values_of("--ckpt-format", ["ckpt", "safetensors"]), default="ckpt",
+                   help="the weights files: MindSpore's .ckpt or .safetensors")
     g.add_argument("--keep-last-n-checkpoints", type=int, default=None,
                    help="delete older checkpoints once a newer one is complete")
     g.add_argument("--skip-train", action="store_true", help="with --load: only evaluate")
@@ -426,6 +431,7 @@ def validate_args(args, world_size=1, check=None):
     check_zero_args(args, check)
     check_kernel_fusion_args(args, check)
     check_compile_cache_args(args, check)
+    check_implementation_choice_args(args, check)
     if own:
         check.raise_if_any()
     return args
@@ -550,6 +556,15 @@ def _check_schedule(args, check, world_size):
     check.require(0 <= args.min_lr <= args.lr, f"--min-lr: {args.min_lr} must be in [0, --lr {args.lr}]")
     check.require(0 <= args.lr_warmup_init <= args.lr,
                   f"--lr-warmup-init: {args.lr_warmup_init} must be in [0, --lr {args.lr}]")
+    if check.require(args.decoupled_lr is not None or args.decoupled_min_lr is None,
+                     "--decoupled-min-lr: only with --decoupled-lr; add it, or remove --decoupled-min-lr") \
+            and args.decoupled_lr is not None:
+        decoupled_min = args.min_lr if args.decoupled_min_lr is None else args.decoupled_min_lr
+        check.require(0 <= decoupled_min <= args.decoupled_lr,
+                      f"--decoupled-min-lr: {decoupled_min} (default --min-lr) must be in [0, --decoupled-lr "
+                      f"{args.decoupled_lr}]")
+        check.require(args.lr_warmup_init <= args.decoupled_lr,
+                      f"--lr-warmup-init: {args.lr_warmup_init} is above --decoupled-lr {args.decoupled_lr}")
     check.require(args.clip_grad >= 0, f"--clip-grad: must be >= 0 (0 disables clipping), got {args.clip_grad}")
     check.require(args.weight_decay >= 0, f"--weight-decay: must be >= 0, got {args.weight_decay}")
     check.require(0 <= args.adam_beta1 < 1, f"--adam-beta1: must be in [0, 1), got {args.adam_beta1}")
@@ -609,12 +624,8 @@ def _check_data(args, check, world_size):
         for path in paths:
             problem = _data_file_problem(path)
             check.require(problem is None, f"{_flag(name)}: {problem}")
-    if args.tokenizer_type == "HuggingFaceTokenizer":
-        from rapidgpt.tokenizer.hf_tokenizer import folder_problem
-        if check.require(args.tokenizer_model, "--tokenizer-model: required for --tokenizer-type "
-                                               "HuggingFaceTokenizer; give the folder holding tokenizer.json"):
-            problem = folder_problem(args.tokenizer_model)
-            check.require(problem is None, f"--tokenizer-model: {problem}")
+    if args.tokenizer_type in MODEL_TOKENIZER_TYPES:
+        check_tokenizer_model(args.tokenizer_type, args.tokenizer_model, check)
     elif args.tokenizer_type:
         kind = args.tokenizer_type
         if check.require(args.vocab_file, f"--vocab-file: required for --tokenizer-type {kind}; give "

@@ -167,19 +167,23 @@ def test_logits_and_losses_equal_the_reference_at_many_positions(kind):
 # summed over TP), an untied output layer; with --sequence-parallel also the norms' gradients summed
 # over TP (were they not, the TP ranks' copies would drift apart and the end weights differ); the
 # loss per token (--calculate-per-token-loss: gradients divided by the tokens of every data-parallel
-# rank, counted on the last pipeline stage). Run by tests/conftest.py's `llama_runs` fixture (the
-# TINY GPT's data, batch and schedule).
+# rank, counted on the last pipeline stage); the input embedding and the output layer on their own
+# learning-rate curve (--decoupled-lr, a ratio to the other rate that changes along the run). Run by
+# tests/conftest.py's `llama_runs` fixture (the TINY GPT's data, batch and schedule).
 LAYOUT_MODEL = ("--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40", *LLAMA,
-                "--add-qkv-bias", "--qk-layernorm", "--calculate-per-token-loss")
+                "--add-qkv-bias", "--qk-layernorm", "--calculate-per-token-loss", "--decoupled-lr", "2e-4",
+                "--decoupled-min-lr", "1e-4")
 PP2 = ("--pipeline-model-parallel-size", "2")
 ZERO3 = ("--zero-3-memory-optimization",)
 SP = ("--sequence-parallel",)
-LAYOUTS = {"tp2": (2, 2), "tp2-sp": (2, 2, *SP), "pp2": (2, 1, *PP2), "dp2-zero3": (2, 1, *ZERO3),
+# PP=2 alone is in both PP=2 layouts below.
+LAYOUTS = {"tp2": (2, 2), "tp2-sp": (2, 2, *SP), "dp2-zero3": (2, 1, *ZERO3),
            "pp2xtp2-sp": (4, 2, *PP2, *SP),
            "pp2xdp2-zero3": (4, 1, *PP2, *ZERO3)}
 RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
+FP16 = ("--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3")
 LLAMA_RUNS = ([(1, 1, *LAYOUT_MODEL)] + [(nproc, tp, *LAYOUT_MODEL, *flags) for nproc, tp, *flags in LAYOUTS.values()]
-             + [(2, 2, *LAYOUT_MODEL, *SP, *RECOMPUTE)])
+              + [(2, 2, *LAYOUT_MODEL, *SP, *RECOMPUTE), (1, 1, *LAYOUT_MODEL, *FP16), (4, 2, *LAYOUT_MODEL, *FP16)])
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -198,6 +202,47 @@ def test_llama_layouts_print_the_single_process_run(llama_runs, layout):
     assert_same_run(found, reference)
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
+
+
+def test_llama_fp16_on_tp2_x_dp2_follows_the_single_process_fp16_run(llama_runs):
+    """fp16 (a loss scale that grows and overflows within the run) at TP=2 x DP=2: losses, grad
+    norms and validation losses within 5e-3 of one process's fp16 run, the same iterations skipped
+    at the same loss scales."""
+    from test_parallel import SCALES, assert_close_run, skipped
+    found, _, log = llama_runs(4, 2, *LAYOUT_MODEL, *FP16)
+    reference, _, reference_log = llama_runs(1, 1, *LAYOUT_MODEL, *FP16)
+    assert 0 < len(skipped(reference_log)) < 12 and skipped(log) == skipped(reference_log)
+    assert SCALES.findall(log) == SCALES.findall(reference_log)
+    assert_close_run(found, reference, 5e-3)
+
+
+def test_llama_checkpoint_resumes_and_converts_across_layouts(llama_runs, env, tmp_path):
+    """The PP=2 x TP=2 (sequence-parallel) run's checkpoint at iteration 6 resumes in one process
+    with the single-process run's iterations 7..12 (and their decoupled learning rates); its
+    iteration-12 checkpoint converted offline to TP=1, PP=1 holds the same tensors."""
+    from rapidgpt.training.checkpointing import gathered_tensors
+    from test_parallel import TINY, assert_same_run, checkpoint_of, convert_checkpoint, single, values
+    _, save, _ = llama_runs(4, 2, *LAYOUT_MODEL, *PP2, *SP)
+    reference, _, reference_log = llama_runs(1, 1, *LAYOUT_MODEL)
+    status, log = single(TINY + [*LAYOUT_MODEL, "--load", checkpoint_of(save, 6, tmp_path / "load"),
+                                 "--tensorboard-dir", str(tmp_path / "tb")], env)
+    assert status == 0, log[-3000:]
+    assert "resharded to 1" in log
+    assert_same_run(values(log, tmp_path / "tb"), reference[13:])    # iterations 7..12, the last 2 validations
+    def decoupled_rates(text):
+        return [line.split("decoupled learning rate: ")[1].split(" |")[0] for line in text.splitlines()
+                if line.startswith(" iteration ")]
+    assert len(decoupled_rates(log)) == 6 and decoupled_rates(log) == decoupled_rates(reference_log)[6:]
+    convert_checkpoint(env, save, tmp_path / "tp1", "--target-tensor-parallel-size", "1",
+                       "--target-pipeline-parallel-size", "1")
+    vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
+    original, converted = gathered_tensors(save), gathered_tensors(tmp_path / "tp1")
+    assert sorted(converted) == sorted(original)
+    for name, value in original.items():
+        ours = converted[name]
+        if ours.shape != value.shape:                  # the vocabulary padding depends on the TP size
+            ours, value = ours[:vocab_size], value[:vocab_size]
+        np.testing.assert_array_equal(ours, value, err_msg=name)
 
 
 @pytest.mark.parametrize("kind, constant_mask", [("llama", True), ("qwen3", True), ("llama", False)],
@@ -265,36 +310,45 @@ def test_sequence_parallel_is_off_without_tensor_parallelism():
     assert parse_args(argv=["--sequence-parallel", "--train-iters", "1"]).sequence_parallel is False
 
 
-def test_hugging_face_tokenizer_from_preprocessing_to_generation(env, tmp_path):
-    """--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR end to end with a Llama-style
-    model: data_tools/preprocess_data.py tokenizes a corpus with the folder, pretraining reads it
-    and saves a checkpoint that carries the folder's files, and text generation from that
-    checkpoint needs no tokenizer or model flag."""
+TOKENIZER_MODELS = {"HuggingFaceTokenizer": "hf_tokenizer_tiny", "Llama2Tokenizer": "sentencepiece_tiny/tokenizer.model"}
+
+
+@pytest.mark.parametrize("kind", list(TOKENIZER_MODELS))
+def test_tokenizer_model_from_preprocessing_to_generation(env, tmp_path, kind):
+    """--tokenizer-type HuggingFaceTokenizer / Llama2Tokenizer --tokenizer-model PATH end to end with
+    a Llama-style model: data_tools/preprocess_data.py tokenizes a corpus with the folder or
+    SentencePiece model, pretraining reads it and saves a checkpoint that carries the tokenizer's
+    files, and text generation from that checkpoint needs no tokenizer or model flag."""
     import subprocess
     import sys
 
     from rapidgpt.training.checkpoint_files import find_checkpoint, read_metadata
     from test_parallel import REPO, single
-    folder = str(REPO / "tests" / "fixtures" / "hf_tokenizer_tiny")
+    model = str(REPO / "tests" / "fixtures" / TOKENIZER_MODELS[kind])
+    folder = os.path.dirname(model) if os.path.isfile(model) else model
     texts = json.loads((Path(folder) / "reference.json").read_text())["texts"]
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": " ".join(texts[i:] + texts[:i])}) + "\n" for i in range(40)))
+    tokenizer = ["--tokenizer-type", kind, "--tokenizer-model", model]
     out = subprocess.run([sys.executable, "data_tools/preprocess_data.py", "--input", str(corpus), "--output-prefix",
-                          str(tmp_path / "corpus"), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
-                          folder, "--append-eod", "--no-progress-bar"], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=120)
+                          str(tmp_path / "corpus"), *tokenizer, "--append-eod", "--no-progress-bar"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     status, log = single(["--task", "pretraining", "--num-layers", "2", "--hidden-size", "48", "--num-attention-heads",
                           "6", "--seq-length", "32", "--micro-batch-size", "2", "--train-iters", "4", "--log-interval",
                           "2", "--eval-iters", "1", "--no-progress-bar", "--max-new-tokens", "0", *LLAMA,
-                          "--data-path", str(tmp_path / "corpus_text_document"), "--tokenizer-type",
-                          "HuggingFaceTokenizer", "--tokenizer-model", folder, "--save", str(tmp_path / "ckpt")], env)
+                          "--data-path", str(tmp_path / "corpus_text_document"), *tokenizer,
+                          "--save", str(tmp_path / "ckpt")], env)
     assert status == 0, log[-3000:]
     checkpoint = find_checkpoint(str(tmp_path / "ckpt"))
     recorded = read_metadata(checkpoint)["model"]["tokenizer_model"]
-    assert recorded.startswith(checkpoint) and sorted(os.listdir(recorded)) == sorted(
-        name for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-        if os.path.isfile(os.path.join(folder, name)))
+    assert recorded.startswith(checkpoint)
+    if os.path.isdir(model):
+        assert sorted(os.listdir(recorded)) == sorted(
+            name for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+            if os.path.isfile(os.path.join(folder, name)))
+    else:
+        assert Path(recorded).read_bytes() == Path(model).read_bytes()
     status, log = single(["--task", "text_generation", "--load", str(tmp_path / "ckpt"), "--prompt", texts[1],
                           "--max-new-tokens", "4"], env)
     assert status == 0 and "continuation" in log, log[-3000:]

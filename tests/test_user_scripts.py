@@ -299,7 +299,20 @@ def test_implementation_choices_are_accepted_with_one_line_each():
     args = parse_args(argv=["--train-iters", "1", "--use-mcore-models", "--transformer-impl", "transformer_engine",
                             "--attention-backend", "flash", "--cross-entropy-loss-fusion", "--manual-gc",
                             "--empty-unused-memory-level", "1", "--distributed-backend", "nccl",
-                            "--overlap-grad-reduce", "--overlap-param-gather", "--onnx-runtime-training"])
+                            "--overlap-grad-reduce", "--overlap-param-gather", "--onnx-runtime-training",
+                            "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files", "--profile",
+                            "--profile-step-start", "4", "--profile-step-end", "6", "--ckpt-format", "torch_dist",
+                            "--context-parallel-size", "1"])
     lines = implementation_choice_lines(args)
-    assert [line.split(":")[0] for line in lines] == [f" > {flag}" for flag in CHOICES]
+    assert [line.split(":")[0] for line in lines] == [f" > {flag}" for flag in CHOICES] + [" > --ckpt-format torch_dist"]
+    assert args.ckpt_format == "ckpt"                 # what is written: RapidGPT's own checkpoint files
     assert implementation_choice_lines(parse_args(argv=["--train-iters", "1"])) == []
+
+
+def test_context_parallelism_is_refused_with_the_reason():
+    from rapidgpt.arguments import build_parser, validate_args
+    from rapidgpt.flag_parser import ArgumentError
+    with pytest.raises(ArgumentError) as error:
+        validate_args(build_parser().parse_args(["--train-iters", "1", "--context-parallel-size", "2"]))
+    assert any(line.startswith("--context-parallel-size: 2 is refused: context parallelism") for line in
+               error.value.problems)

@@ -35,7 +35,7 @@ NO_DECAY_RUNS = [(1, 1, *NO_DECAY), (2, 1, *ZERO1, *NO_DECAY), (2, 1, *ZERO1, *N
                  (1, 1, *NO_DECAY, "--optimizer", "sgd")]
 # The runs of the `runs` fixture (tests/conftest.py) this module's tests ask for.
 TINY_RUNS = [(1, 1), (1, 1, *FP16), (1, 1, *FP16, "--accumulate-allreduce-grads-in-fp32"),
-             *[(nproc, 1, *ZERO[stage]) for stage in (1, 2, 3) for nproc in (2, 4)], (4, 2, *ZERO2),
+             *[(2, 1, *ZERO[stage]) for stage in (1, 2, 3)], (4, 1, *ZERO2), (4, 2, *ZERO2),
              (4, 1, *PP2, *FULL_RECOMPUTE, *ZERO3), (2, 1, *FP16, "--accumulate-allreduce-grads-in-fp32", *ZERO2),
              (4, 2, *FP16, *ZERO3), (8, 2, *RAPIDFORMER), (4, 2), *NO_DECAY_RUNS]
 HELD = re.compile(r"model states held on this rank: weights (\d+) bytes, main parameters and optimizer state "
@@ -79,11 +79,13 @@ def test_zero_3_gives_every_rank_even_pieces_of_every_parameter():
         np.testing.assert_array_equal(found.asnumpy(), expected)
 
 
-@pytest.mark.parametrize("nproc, tp, layout, stage", [(2, 1, (), 1), (4, 1, (), 1), (2, 1, (), 2), (4, 1, (), 2),
-                                                     (4, 2, (), 2), (2, 1, (), 3), (4, 1, (), 3),
+# DP=4: stage 2 here (its flat pieces are stage 1's), stage 3 in tests/test_bert.py (a BERT at DP=4,
+# whose two heads once ordered their gathers differently per rank) and at PP=2 x DP=2 below.
+@pytest.mark.parametrize("nproc, tp, layout, stage", [(2, 1, (), 1), (2, 1, (), 2), (4, 1, (), 2),
+                                                     (4, 2, (), 2), (2, 1, (), 3),
                                                      (4, 1, PP2 + FULL_RECOMPUTE, 3)],
-                         ids=["zero1-dp2", "zero1-dp4", "zero2-dp2", "zero2-dp4", "zero2-tp2xdp2",
-                              "zero3-dp2", "zero3-dp4", "zero3-pp2xdp2-recompute"])
+                         ids=["zero1-dp2", "zero2-dp2", "zero2-dp4", "zero2-tp2xdp2",
+                              "zero3-dp2", "zero3-pp2xdp2-recompute"])
 def test_zero_reproduces_the_single_process_run(runs, nproc, tp, layout, stage):
     found, save, log = runs(nproc, tp, *layout, *ZERO[stage])
     reference, single_save, _ = runs(1, 1)
@@ -182,7 +184,7 @@ def test_a_zero_checkpoint_converts_offline_as_any_other(runs, env, tmp_path, fl
             np.testing.assert_array_equal(ours, value, err_msg=name)
 
 
-@pytest.mark.parametrize("nproc, stage", [(1, 0), (2, 1), (4, 1), (2, 2), (4, 2), (2, 3), (4, 3)])
+@pytest.mark.parametrize("nproc, stage", [(1, 0), (2, 1), (2, 2), (4, 2), (2, 3)])
 def test_each_rank_holds_what_the_memory_estimate_says(runs, nproc, stage):
     """Rank 0's weights, the gradients its optimizer is handed and its fp32 main parameters + Adam
     moments, measured from the tensors it holds, against the estimate (the optimizer's unsharded

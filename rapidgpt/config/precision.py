@@ -11,7 +11,7 @@ rapidgpt/training/model_transforms.py for the model side):
   `--hysteresis` and `--min-loss-scale`, or statically with `--loss-scale`. bf16 needs no scaling and
   gets a static one only with `--loss-scale`.
 - `--accumulate-allreduce-grads-in-fp32`: micro-batch gradients are summed and data-parallel
-  averaged in fp32 (always for bf16, as Megatron forces it; always in fp32 runs).
+  averaged in fp32 (always in fp32 runs; for bf16 unless `--grad-reduce-in-bf16`, as in Megatron).
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -97,7 +97,10 @@ def add_precision_args(parser):
                    help="16-bit runs: compute the attention softmax in fp32 (otherwise in 16-bit, as Megatron)")
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
                    help="fp16 runs: sum micro-batch gradients and average them over data-parallel ranks in "
-                        "fp32 (bf16 always does)")
+                        "fp32 (bf16 does unless --grad-reduce-in-bf16)")
+    g.add_argument("--grad-reduce-in-bf16", action="store_true",
+                   help="bf16 runs: sum and data-parallel average the gradients in bf16 instead of fp32 (Megatron's "
+                        "flag; no effect in fp16 and fp32 runs, as in Megatron)")
 
 
 def check_precision_args(args, check):
@@ -123,9 +126,11 @@ def check_precision_args(args, check):
                   f"--loss-scale: must be positive, got {args.loss_scale}")
     check.require(args.min_loss_scale <= args.initial_loss_scale,
                   f"--min-loss-scale: {args.min_loss_scale} is above --initial-loss-scale {args.initial_loss_scale}")
-    # fp32 runs accumulate in fp32 anyway; bf16 must (Megatron forces it: 8 mantissa bits lose
-    # small gradients in a sum).
-    if not args.fp16:
+    # fp32 runs accumulate in fp32 anyway; bf16 does unless told otherwise (Megatron forces it:
+    # 8 mantissa bits lose small gradients in a sum, and only --grad-reduce-in-bf16 opts out).
+    if args.bf16 and args.grad_reduce_in_bf16:
+        args.accumulate_allreduce_grads_in_fp32 = False
+    elif not args.fp16:
         args.accumulate_allreduce_grads_in_fp32 = True
     args.precision = PrecisionConfig.from_args(args)
     if args.device:          # else the engine asks once it has picked the device

@@ -7,7 +7,10 @@ calls find the result in the user cache directory (`$RAPIDGPT_CACHE_DIR`, else
 `$XDG_CACHE_HOME/rapidgpt`, else `~/.cache/rapidgpt`). The folder name carries a hash of the
 text and settings, so another Python version or vocabulary size builds its own copy.
 `demo_bert_corpus()` is the same documents as BERT data: a WordPiece vocabulary made from them and
-sentence-level .bin/.idx (preprocess_data.py --split-sentences).
+sentence-level .bin/.idx (preprocess_data.py --split-sentences). `demo_hf_corpus()` is the demo's
+vocabulary as a Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json) and the
+documents preprocessed with it (--tokenizer-type HuggingFaceTokenizer), as Megatron's Llama
+examples give their data.
 """
 import hashlib
 import json
@@ -42,6 +45,13 @@ def _paths(folder):
 def _bert_paths(folder):
     return {"data_prefix": output_prefix_for(os.path.join(folder, "demo"), "text", "sentence"),
             "vocab_file": os.path.join(folder, "vocab.txt"),
+            "jsonl": os.path.join(folder, "demo.jsonl"),
+            "folder": folder}
+
+
+def _hf_paths(folder):
+    return {"data_prefix": output_prefix_for(os.path.join(folder, "demo"), "text"),
+            "tokenizer_model": os.path.join(folder, "tokenizer"),
             "jsonl": os.path.join(folder, "demo.jsonl"),
             "folder": folder}
 
@@ -97,3 +107,23 @@ def demo_bert_corpus(vocab_size=DEMO_BERT_VOCAB_SIZE, cache_dir=None):
                              "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", paths["vocab_file"],
                              "--split-sentences", "--log-interval", str(10 ** 9), "--no-progress-bar"]))
     return _built_once("demo-bert", vocab_size, _bert_paths, build, cache_dir)
+
+
+def demo_hf_corpus(vocab_size=DEMO_VOCAB_SIZE, cache_dir=None):
+    """Paths of the demo documents tokenized by a Hugging Face tokenizer folder (`data_prefix`,
+    `tokenizer_model` the folder, `jsonl`): demo_corpus()'s byte-level BPE written by the
+    `tokenizers` library as tokenizer.json, "<|endoftext|>" its EOS, built once."""
+    def build(documents, paths):
+        from tokenizers import ByteLevelBPETokenizer
+        gpt2 = demo_corpus(vocab_size, cache_dir)
+        folder = paths["tokenizer_model"]
+        os.makedirs(folder)
+        tokenizer = ByteLevelBPETokenizer(gpt2["vocab_file"], gpt2["merge_file"])
+        tokenizer.add_special_tokens(["<|endoftext|>"])
+        tokenizer.save(os.path.join(folder, "tokenizer.json"))
+        with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"eos_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"}, f)
+        preprocess(get_args(["--input", paths["jsonl"], "--output-prefix", os.path.join(paths["folder"], "demo"),
+                             "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", folder,
+                             "--append-eod", "--log-interval", str(10 ** 9), "--no-progress-bar"]))
+    return _built_once("demo-hf", vocab_size, _hf_paths, build, cache_dir)

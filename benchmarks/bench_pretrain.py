@@ -53,8 +53,15 @@ each side. The last two lines are `ratio rapidgpt/pytorch-eager: X` and
 `--model bert` makes the same comparison for BERT: RapidGPT's BertPretrainer (what `rapidgpt --task
 pretraining --tokenizer-type BertWordPieceLowerCase` runs) beside a plain-MindSpore BERT, the
 same sizes, on synthetic masked-LM batches (benchmarks/bert_sides.py); there is no PyTorch side.
+`--model llama` compares the bench sizes as a Llama-style decoder (RoPE, RMSNorm, SwiGLU, 2 query
+heads per key/value head, no biases, untied output layer, no dropout): RapidGPT's built-in decoder
+with those flags, a plain-MindSpore Llama and a PyTorch eager Llama started from RapidGPT's initial
+weights (benchmarks/llama_sides.py), with the same-model check.
 
-    python benchmarks/bench_pretrain.py [--size bench|large] [--model gpt|bert] [--iters 20] [--warmup 3]
+Every ratio line ends with the CPU it was measured on and that CPU's fp32 GEMM peak measured in the
+same run (machines differ, e.g. with or without AVX-512).
+
+    python benchmarks/bench_pretrain.py [--size bench|large] [--model gpt|bert|llama] [--iters 20] [--warmup 3]
                                         [--repeats 3] [--threads 2] [--clip-grad 1.0] [--wait-quiet 300]
                                         [--variants fp32,unfused,fp16,bf16,recompute-full,recompute-selective,
                                                     second-start]
@@ -79,6 +86,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bert_sides import run_baseline_bert, run_rapidgpt_bert  # noqa: E402
+from llama_sides import llama_dims, llama_flags  # noqa: E402
 
 # The model and optimizer settings shared by every side (RapidGPT's defaults where they exist):
 # the bench model, and a larger one (--size large, GPT-2 small's layers at seq 512).
@@ -181,7 +189,7 @@ def engine_argv(opts, m, extra_flags=()):
             "--no-progress-bar", "--cpu-threads", opts.threads, "--device", "cpu", "--seed", 1234,
             # Every start measured compiles its step, as a first start does; the second-start
             # variant turns the compile cache back on (the later flag wins).
-            "--compile-cache", "off", *extra_flags]
+            "--compile-cache", "off", *(llama_flags(m) if opts.model == "llama" else ()), *extra_flags]
 
 
 def run_rapidgpt(opts, extra_flags=(), clock=None):
@@ -228,6 +236,11 @@ def run_rapidgpt(opts, extra_flags=(), clock=None):
 def run_baseline(opts):
     if opts.model == "bert":
         return run_baseline_bert(opts, opts.dims, OPTIM, summarize)
+    if opts.model == "llama":
+        from llama_sides import run_baseline_llama
+        m = opts.dims
+        return run_baseline_llama(opts, m, OPTIM, SyntheticGPTDataset((opts.warmup + opts.iters) * m["micro_batch_size"],
+                                                                      m["seq_length"], m["vocab_size"]), summarize)
     import mindspore as ms
     from mindspore import Tensor, nn, ops
     from mindspore.common.initializer import Normal
@@ -388,11 +401,30 @@ def run_side(side, opts, variant="fp32", extra=()):
 # ---------------------------------------------------------------------------------------------
 # Model FLOPs and the machine's GEMM peak (MFU)
 
-def model_flops_per_iteration(m):
-    """Megatron's count of a GPT training iteration's FLOPs (forward + backward, no recompute):
-    72 B s L h^2 (1 + s / (6h)) + 6 B s h V, i.e. the matrix products only."""
-    b, s, L, h, v = m["micro_batch_size"], m["seq_length"], m["num_layers"], m["hidden_size"], m["vocab_size"]
-    return 72 * b * s * L * h * h * (1 + s / (6 * h)) + 6 * b * s * h * v
+def model_flops_per_iteration(opts):
+    """Megatron's count of a training iteration's FLOPs (forward + backward, matrix products only,
+    no recompute) for the bench run's flags (rapidgpt/theoretical_memory.py's training_flops: GPT-2's
+    72 B s L h^2 (1 + s / (6h)) + 6 B s h V; GQA and SwiGLU for the Llama)."""
+    from rapidgpt.arguments import parse_args
+    from rapidgpt.theoretical_memory import shape_from_args, training_flops
+    args = parse_args(argv=[str(a) for a in engine_argv(opts, opts.dims)])
+    return training_flops(shape_from_args(args, args.vocab_size), opts.dims["micro_batch_size"])
+
+
+def cpu_name():
+    """The CPU's model name and whether it has AVX-512 (/proc/cpuinfo)."""
+    name, flags = "unknown CPU", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and name == "unknown CPU":
+                    name = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = value
+    except OSError:
+        pass
+    return f"{name}, {'with' if 'avx512f' in flags.split() else 'without'} AVX-512"
 
 
 def gemm_peak_mindspore(threads, n=2048, chain=4, repeats=5):
@@ -465,14 +497,15 @@ SIDE_NAMES = {"rapidgpt": "rapidgpt", "baseline": "plain MindSpore (GRAPH_MODE T
 
 def print_summary(opts, runs, peak, second_starts=()):
     """Best round of each side with its MFU, the times to the first step; the ratio lines come last."""
-    flops = model_flops_per_iteration(opts.dims)
+    flops = model_flops_per_iteration(opts) if opts.model != "bert" else float("nan")
+    machine = f"on {cpu_name()}, fp32 GEMM peak {peak:.0f} GFLOP/s measured in this run"
     tokens_per_iter = opts.dims["micro_batch_size"] * opts.dims["seq_length"]
     best = {side: max(results, key=lambda r: r["tokens_per_s"]) for side, results in runs.items() if results}
     med = {side: statistics.median(r["tokens_per_s"] for r in results) for side, results in runs.items() if results}
     print(f"best of {opts.repeats} round(s) (median of the rounds in brackets); MFU = model FLOPs "
           f"(Megatron's count, {flops / 1e9:.1f} GFLOP/iteration) / the GEMM peak, {peak:.0f} GFLOP/s:")
     for side, r in best.items():
-        mfu = flops * r["tokens_per_s"] / tokens_per_iter / (peak * 1e9) if opts.model == "gpt" else float("nan")
+        mfu = flops * r["tokens_per_s"] / tokens_per_iter / (peak * 1e9)
         print(f"  {SIDE_NAMES[side]:46s} {r['tokens_per_s']:8.1f} tokens/s [{med[side]:8.1f}]  MFU {mfu:6.1%}  "
               f"to first step {r['to_first_step_s']:6.2f} s  peak RSS {r['peak_rss_mib']:5.0f} MiB  "
               f"loss {r['first_loss']:.3f} -> {r['final_loss']:.3f}")
@@ -482,11 +515,11 @@ def print_summary(opts, runs, peak, second_starts=()):
     if "pytorch" in best:
         ratio = ours / best["pytorch"]["tokens_per_s"]
         print(f"ratio rapidgpt/pytorch-eager: {ratio:.3f} (median {med['rapidgpt'] / med['pytorch']:.3f}; "
-              f"target >= 1.0{'' if ratio >= 1.0 else ': MISSED'})")
+              f"target >= 1.0{'' if ratio >= 1.0 else ': MISSED'}) {machine}")
     else:
         print("ratio rapidgpt/pytorch-eager: not measured (torch is not installed: "
-              "pip install torch==2.13.0, a benchmark extra)" if opts.model == "gpt" else
-              "ratio rapidgpt/pytorch-eager: not measured (the PyTorch side is the GPT's)")
+              "pip install torch==2.13.0, a benchmark extra)" if opts.model != "bert" else
+              "ratio rapidgpt/pytorch-eager: not measured (the PyTorch sides are the GPT's and the Llama's)")
     first = {side: min(r["to_first_step_s"] for r in results) for side, results in runs.items() if results}
     print(f"time to first step (best round): rapidgpt {first['rapidgpt']:.2f} s, plain MindSpore "
           f"{first['baseline']:.2f} s: {first['rapidgpt'] / first['baseline']:.2f}x plain")
@@ -497,7 +530,7 @@ def print_summary(opts, runs, peak, second_starts=()):
               f"first step: {fastest / first['baseline']:.2f}x plain")
     ratio = ours / best["baseline"]["tokens_per_s"]
     print(f"ratio rapidgpt/plain-mindspore: {ratio:.3f} (median {med['rapidgpt'] / med['baseline']:.3f}; "
-          f"target >= 1.3{'' if ratio >= 1.3 else ': MISSED'})")
+          f"target >= 1.3{'' if ratio >= 1.3 else ': MISSED'}) {machine}")
 
 
 def print_variants(fp32, others):
@@ -549,13 +582,17 @@ def only(opts):
     elif opts.only == "baseline":
         result = run_baseline(opts)
     elif opts.only == "pytorch":
+        from llama_sides import run_torch_llama
         from torch_side import run_torch
-        result = run_torch(opts, opts.dims, OPTIM, opts.weights,
-                           SyntheticGPTDataset((opts.warmup + opts.iters) * opts.dims["micro_batch_size"],
-                                               opts.dims["seq_length"], opts.dims["vocab_size"]), summarize)
+        result = (run_torch_llama if opts.model == "llama" else run_torch)(
+            opts, opts.dims, OPTIM, opts.weights,
+            SyntheticGPTDataset((opts.warmup + opts.iters) * opts.dims["micro_batch_size"],
+                                opts.dims["seq_length"], opts.dims["vocab_size"]), summarize)
     elif opts.only == "init-weights":
+        from llama_sides import write_initial_llama_weights
         from torch_side import write_initial_weights
-        write_initial_weights(opts.weights, engine_argv(opts, opts.dims))
+        (write_initial_llama_weights if opts.model == "llama" else write_initial_weights)(
+            opts.weights, engine_argv(opts, opts.dims))
         result = {}
     elif opts.only == "gemm-peak":
         result = {"mindspore": gemm_peak_mindspore(opts.threads)}
@@ -597,11 +634,13 @@ def main():
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"RapidGPT variants to run beside fp32, comma-separated from {', '.join(VARIANTS)}")
     parser.add_argument("--variant", choices=list(VARIANTS), default="fp32", help=argparse.SUPPRESS)
-    parser.add_argument("--model", choices=["gpt", "bert"], default="gpt",
-                        help="gpt, or bert: RapidGPT's BERT pretraining beside a plain-MindSpore BERT "
-                             "(benchmarks/bert_sides.py; the same sizes, synthetic masked-LM batches; no PyTorch side)")
+    parser.add_argument("--model", choices=["gpt", "bert", "llama"], default="gpt",
+                        help="gpt; bert: RapidGPT's BERT pretraining beside a plain-MindSpore BERT "
+                             "(benchmarks/bert_sides.py; the same sizes, synthetic masked-LM batches; no PyTorch "
+                             "side); llama: the sizes as a Llama-style decoder on all three sides "
+                             "(benchmarks/llama_sides.py)")
     opts = parser.parse_args()
-    opts.dims = dict(MODELS[opts.size])
+    opts.dims = llama_dims(MODELS[opts.size]) if opts.model == "llama" else dict(MODELS[opts.size])
     if opts.dropout is not None:
         opts.dims["dropout"] = opts.dropout
     variants = [v for v in opts.variants.split(",") if v]
@@ -614,7 +653,7 @@ def main():
         return only(opts)
 
     m = opts.dims
-    with_torch = opts.model == "gpt" and torch_available()
+    with_torch = opts.model in ("gpt", "llama") and torch_available()
     print(f"model: {opts.model.upper()} ({opts.size}), {m['num_layers']} layers, hidden {m['hidden_size']}, "
           f"{m['num_heads']} heads, seq {m['seq_length']}, micro batch {m['micro_batch_size']}, vocab "
           f"{m['vocab_size']}, fp32, dropout {m['dropout']}, AdamW lr {opts.lr}, --clip-grad {opts.clip_grad} "
@@ -624,7 +663,7 @@ def main():
     if with_torch:
         peaks.update(run_side("gemm-peak-torch", opts))
     peak = max(v for k, v in peaks.items() if k in ("mindspore", "pytorch"))
-    print("fp32 GEMM peak (2048^3, best of 5): " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()
+    print(f"CPU: {cpu_name()}; fp32 GEMM peak (2048^3, best of 5): " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()
                                                             if k in ("mindspore", "pytorch")))
     sides = ["rapidgpt", "baseline"] + (["pytorch"] if with_torch else [])
     with tempfile.TemporaryDirectory() as tmp:

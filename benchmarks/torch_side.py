@@ -97,6 +97,15 @@ def run_torch(opts, model, optim, weights_path, dataset, summarize):
     start = time.perf_counter()
     net = GPT()
     load_rapidgpt_weights(net, np.load(weights_path))
+    return train_eager(net, opts, m, optim, dataset, summarize, start)
+
+
+def train_eager(net, opts, m, optim, dataset, summarize, start):
+    """Train the torch module `net` (`net(tokens, labels)` -> mean loss) on `dataset` as the
+    bench does: torch.optim.AdamW over Megatron's groups (no decay for biases and 1-D parameters),
+    clipped by the global norm (`clip_grad_norm_`, RapidGPT's --clip-grad), constant rate;
+    `start`: when building the model began."""
+    import torch
     net.train()
     params = list(net.parameters())
     decay = [q for q in params if q.ndim > 1]                      # Megatron's groups: 1-D params and
@@ -120,7 +129,7 @@ def run_torch(opts, model, optim, weights_path, dataset, summarize):
         optimizer.step()
         losses.append(loss.item())
         end_times.append(time.perf_counter())
-    return summarize("pytorch", end_times, losses, start, end_times[0] - iter1_start, mbs * s,
+    return summarize("pytorch", end_times, losses, start, end_times[0] - iter1_start, mbs * m["seq_length"],
                      opts.warmup, opts.iters, {"torch_version": torch.__version__})
 
 

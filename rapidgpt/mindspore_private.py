@@ -52,6 +52,20 @@ def compile_without_running(jitted, *args):
     return True
 
 
+def graphs_compiled_in_this_process():
+    """Whether this process has compiled a graph (a jitted function or cell) before now; True on
+    another MindSpore version (it cannot tell, so a caller takes the safe side).
+
+    Why private: MindSpore 2.10 records the compiled phases only in `mindspore.graph.api`'s
+    module-level sets (`ms_compile_cache` for jitted functions and methods, `cells_compile_cache`
+    for cells called in graph mode, `_trace_compile_cache` for traced ones). `ms.ms_memory_recycle()`
+    and `ms.reset_auto_parallel_context()` empty them; RapidGPT calls neither."""
+    if not written_for_this_version("the training step's compile cache"):
+        return True
+    from mindspore.graph import api, jit_trace
+    return bool(api.ms_compile_cache or any(api.cells_compile_cache.values()) or jit_trace._trace_compile_cache)
+
+
 # ---- devices --------------------------------------------------------------------------------------
 
 def device_supported(device_name):

@@ -6,9 +6,9 @@ The key: stable under the flags only the host reads (a resume with another --tra
 fresh processes sharing one cache: the first run compiles and saves its step; a resume of it
 loads the step and prints exactly the uninterrupted run's losses, grad norms and validation
 losses, with no MindSpore record on the terminal; a 3-layer run beside the 2-layer one compiles
-its own step; a damaged cached graph is compiled again. A second start at TP=2 (msrun's ranks)
-loads each rank's step. A user's MS_COMPILER_CACHE_ENABLE=1 (MindSpore's unkeyed cache) is
-refused in one line.
+its own step; a damaged cached graph is compiled again; a step compiled after another graph in
+its process is not cached. A second start at TP=2 (msrun's ranks) loads each rank's step. A
+user's MS_COMPILER_CACHE_ENABLE=1 (MindSpore's unkeyed cache) is refused in one line.
 """
 import re
 import sys
@@ -86,6 +86,28 @@ def test_mindspores_unkeyed_graph_cache_is_refused_in_one_line(monkeypatch, valu
                                             r"caches the training step's graph itself"):
         RapidGPTEngine(argv=TINY)
 
+
+def test_a_step_compiled_after_another_graph_is_not_cached(tmp_path, monkeypatch):
+    """MindSpore fixes its graph cache's directory at the process's first compile that reads
+    MS_COMPILER_CACHE_PATH (a fused one too): a step compiled after another graph would be filed
+    there by compile order, not under its key, and a later process could load another run's
+    graph. So that step is compiled without the cache, and one line says why."""
+    import mindspore as ms
+
+    @ms.jit
+    def other_graph(x):
+        return x * 2 + 1
+
+    other_graph(ms.Tensor(np.ones(3, np.float32)))
+    monkeypatch.setenv("RAPIDGPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
+    cache = compile_cache.StepGraphCache(Namespace(**ARGS), PARAMETERS, rank=0)
+    said = []
+    cache.logger = types.SimpleNamespace(info=said.append, warning=said.append)
+    assert cache.first_call(lambda: "the step ran", BATCH) == "the step ran"
+    assert said == [" > compile cache: not used for this training step: another graph was compiled in this "
+                    "process before it (MindSpore would file it by compile order, not by its key)"]
+    assert not (tmp_path / "compiled_steps").exists()
 
 def test_a_second_start_loads_the_step_and_trains_exactly_as_the_first(env, tmp_path):
     run = TINY + ["--train-iters", "6", "--save-interval", "3", "--save", str(tmp_path / "first")]

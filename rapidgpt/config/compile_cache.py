@@ -13,20 +13,30 @@ MindSpore's own graph cache (MindSpore 2.10, measured on CPU) and what RapidGPT 
 - It is switched on by MS_COMPILER_CACHE_ENABLE=1, read at every compile (with 0, nothing is
   cached).
 - It files graphs as `$MS_COMPILER_CACHE_PATH/rank_<rank>/graph_cache/compile_cache_<n>.mindir`,
-  n counting the process's cache-enabled compiles, with the directory fixed at its first use in
-  the process, and checks only a hash of the entry script and the non-installed files it imports.
-  It does not know the model: a run with another --num-layers ran the cached graph of the previous
-  run (wrong losses), and a GPT run given a cached BERT graph crashed.
-RapidGPT therefore switches it on only around the FIRST compile of a training step in a process
-(n = 0), with MS_COMPILER_CACHE_PATH pointing to a directory of its own named by a hash of what the
-graph is built from (`graph_key`): MindSpore's version, the source of RapidGPT's modules and of
-every other non-installed module loaded (the user's script and its helpers), the flags but those
-only the host reads (HOST_SIDE_FLAGS: iteration counts, intervals, save/load paths, logging), the
+  n counting the process's cache-enabled compiles, and checks only a hash of the entry script and
+  the non-installed files it imports. It does not know the model: a run with another --num-layers
+  ran the cached graph of the previous run (wrong losses), and a GPT run given a cached BERT graph
+  crashed.
+- The directory is fixed at the first compile in the process that reads MS_COMPILER_CACHE_PATH:
+  one with the cache on, and also one that builds fused kernels (graph kernel fusion keeps its
+  kernels there). After a fused compile, a cache-enabled one files its graph under the kernel
+  cache, whatever MS_COMPILER_CACHE_PATH says by then (measured: a fused jitted function, then
+  the cache switched on with another path; the graph went to the kernel cache's rank_0/). That
+  place has no key: in the test suite, a 4-rank job whose pipeline-parallel runs (fused, not
+  cached) came before a TP=2 x DP=2 fp16 run loaded there another job's graph and stopped in
+  MindSpore's runtime ("PushTupleTensor: Index out of flatten_value range").
+RapidGPT therefore switches it on only around the compile of a training step that is the first
+graph compiled in its process (n = 0, the directory not yet fixed), with MS_COMPILER_CACHE_PATH
+pointing to a directory of its own named by a hash of what the graph is built from
+(`graph_key`): MindSpore's version, the source of RapidGPT's modules and of every other
+non-installed module loaded (the user's script and its helpers), the flags but those only the
+host reads (HOST_SIDE_FLAGS: iteration counts, intervals, save/load paths, logging), the
 model's parameters (names, shapes, dtypes), the batch's fields (names, shapes, dtypes), and the
 MindSpore variables that change compilation (MS_DEV_*, MS_JIT*). Not cached: pipeline-parallel
 steps (their layers compile one by one under PyNative's autograd), evaluation and generation graphs
-(compiled later, in an order that depends on the run), a step compiled after another one in the
-same process (tests, a hand-written loop with several forward functions).
+(compiled later, in an order that depends on the run), a step compiled after another graph in the
+same process (tests' batched runs, a hand-written loop with several forward functions; one line
+says so).
 
 Kernels: MindSpore keeps compiled kernels in MS_COMPILER_CACHE_PATH as well; the keyed directory
 links to the kernel cache's `akg_kernel_meta` and its lock file, so kernels stay shared. A loaded
@@ -163,7 +173,7 @@ def graph_key(args, parameters, inputs):
     return hashlib.sha256(repr(parts).encode("utf-8")).hexdigest()[:32]
 
 
-_USED_IN_THIS_PROCESS = False       # MindSpore numbers cached graphs per process: only the first is ours
+_SWITCHED_ON_IN_THIS_PROCESS = False    # once only: even a compile that failed has fixed the directory
 
 
 class StepGraphCache:
@@ -191,10 +201,13 @@ class StepGraphCache:
         return stat.st_size, stat.st_mtime_ns
 
     def first_call(self, call, inputs):
-        global _USED_IN_THIS_PROCESS
-        if _USED_IN_THIS_PROCESS:
+        from rapidgpt.mindspore_private import graphs_compiled_in_this_process
+        global _SWITCHED_ON_IN_THIS_PROCESS
+        if _SWITCHED_ON_IN_THIS_PROCESS or graphs_compiled_in_this_process():
+            self.logger.info(" > compile cache: not used for this training step: another graph was compiled in "
+                             "this process before it (MindSpore would file it by compile order, not by its key)")
             return call()
-        _USED_IN_THIS_PROCESS = True
+        _SWITCHED_ON_IN_THIS_PROCESS = True
         directory = os.path.join(self.root, graph_key(self.args, self.parameters, inputs))
         cached = self.saved_graph(directory)
         try:

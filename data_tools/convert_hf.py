@@ -14,7 +14,10 @@ Qwen3ForCausalLM (q/k norms), Qwen2ForCausalLM (q/k/v biases only) or LlamaForCa
 without sliding window is one); config.json + model.safetensors load with transformers'
 from_pretrained, and HF -> RapidGPT -> HF gives the same tensors bit for bit.
 """
+import argparse
+import json
 import os
+import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,6 +30,7 @@ from rapidgpt.hf_conversion import check_conversion_targets, conversion_main  # 
 from rapidgpt.models import hf_llama  # noqa: E402
 from rapidgpt.models.hf_files import (CONFIG, SAFETENSORS, load_into_model, model_type,  # noqa: E402
                                       write_hf_config, write_safetensors)
+from rapidgpt.tokenizer.hf_tokenizer import FOLDER_FILES  # noqa: E402
 from rapidgpt.training.checkpoint_files import find_checkpoint, read_metadata  # noqa: E402
 
 PROG = "convert_hf.py"
@@ -43,11 +47,59 @@ def llama_to_checkpoint(hf_dir, save, ckpt_format="ckpt", divisible_by=128):
     params = hf_llama.hf_to_rapidgpt(tensors, flags, where=hf_dir)
     args = model_args(dict(flags, make_vocab_size_divisible_by=divisible_by))
     args.save, args.ckpt_format, args.no_save_optim, args.no_save_rng = save, ckpt_format, True, True
+    if _folder_tokenizer(hf_dir, flags["vocab_size"], notes):     # save_checkpoint stores its files
+        args.tokenizer_type, args.tokenizer_model = "HuggingFaceTokenizer", hf_dir
     model = build_gpt_model(args, flags["vocab_size"])
     load_into_model(model, params)
-    notes.append(f"note: the checkpoint records no tokenizer (give --tokenizer-type/--vocab-file when you run); "
-                 f"--seq-length is {flags['seq_length']} of the model's {flags['max_position_embeddings']} positions")
+    notes.append(f"note: --seq-length is {flags['seq_length']} of the model's {flags['max_position_embeddings']} "
+                 f"positions")
     return save_checkpoint(args, 0, 0, model, None, None), flags, notes
+
+
+def _folder_tokenizer(hf_dir, vocab_size, notes):
+    """The Hugging Face folder's own tokenizer (tokenizer.json, as AutoTokenizer's fast tokenizer
+    reads it), or None with a note saying why the checkpoint records none."""
+    from rapidgpt.tokenizer.hf_tokenizer import HuggingFaceTokenizer, TokenizerError, folder_problem
+    unrecorded = "the checkpoint records no tokenizer (text generation will need --tokenizer-type/--tokenizer-model)"
+    if folder_problem(hf_dir):
+        notes.append(f"note: no tokenizer.json in {hf_dir}: {unrecorded}")
+        return None
+    try:
+        tokenizer = HuggingFaceTokenizer(hf_dir)
+    except TokenizerError as e:
+        notes.append(f"note: {e}; {unrecorded}")
+        return None
+    if tokenizer.vocab_size > vocab_size:
+        notes.append(f"note: {hf_dir}'s tokenizer has {tokenizer.vocab_size} tokens, more than the model's "
+                     f"vocab_size {vocab_size}; {unrecorded}")
+        return None
+    return tokenizer
+
+
+def _write_tokenizer(model_flags, hf_dir, notes):
+    """Write the tokenizer a checkpoint carries into the Hugging Face folder `hf_dir`, as
+    transformers' AutoTokenizer reads it: a Hugging Face tokenizer folder's files as they are; a
+    SentencePiece model as tokenizer.model with a LlamaTokenizer tokenizer_config.json (BOS added as
+    Llama2Tokenizer adds it). -> (bos id, eos id) for config.json, None where there is none."""
+    from rapidgpt.tokenizer import build_tokenizer
+    kind, source = model_flags.get("tokenizer_type"), model_flags.get("tokenizer_model")
+    if kind not in ("HuggingFaceTokenizer", "Llama2Tokenizer", "GPTSentencePieceTokenizer") or not source \
+            or not os.path.exists(source):
+        notes.append(f"note: the checkpoint carries no Hugging Face or SentencePiece tokenizer; {hf_dir} gets none "
+                     f"(and no bos/eos token ids)")
+        return None, None
+    tokenizer = build_tokenizer(argparse.Namespace(tokenizer_type=kind, tokenizer_model=source))
+    if kind == "HuggingFaceTokenizer":
+        for name in FOLDER_FILES:
+            if os.path.isfile(os.path.join(source, name)):
+                shutil.copyfile(os.path.join(source, name), os.path.join(hf_dir, name))
+        return tokenizer.bos, tokenizer.eod
+    shutil.copyfile(source, os.path.join(hf_dir, "tokenizer.model"))
+    config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": kind == "Llama2Tokenizer",
+              "add_eos_token": False, "legacy": True, **tokenizer.special_pieces()}
+    with open(os.path.join(hf_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    return (None if tokenizer.bos < 0 else tokenizer.bos), tokenizer.eod
 
 
 def checkpoint_to_llama(load, hf_dir):
@@ -58,12 +110,16 @@ def checkpoint_to_llama(load, hf_dir):
     flags = dict(metadata["model"])
     for name in ("attention_dropout", "init_method_std"):          # not model flags: the run's
         flags[name] = (metadata.get("args") or {}).get(name, flags.get(name))
-    config = hf_llama.hf_config_from_flags(flags)
     model = load_pretrained(load)
+    flags["vocab_size"] = model.vocab_size      # a run's from its tokenizer (the checkpoint records its flag)
     params = {name: param.asnumpy() for name, param in model.parameters_and_names()}
+    notes = []
+    os.makedirs(hf_dir, exist_ok=True)
+    bos, eos = _write_tokenizer(flags, hf_dir, notes)
+    config = hf_llama.hf_config_from_flags(flags, bos_id=bos, eos_id=eos)
     write_hf_config(hf_dir, config)
     write_safetensors(os.path.join(hf_dir, SAFETENSORS), hf_llama.rapidgpt_to_hf(params, flags), {"format": "pt"})
-    return flags, [f"note: written as {config['architectures'][0]}"]
+    return flags, [f"note: written as {config['architectures'][0]}"] + notes
 
 
 def _is_llama_style(flags):

@@ -60,8 +60,9 @@ class HuggingFaceTokenizer:
             raise TokenizerError(f"--tokenizer-model: {problem}")
         self.folder = folder
         self._tokenizer = Tokenizer.from_file(os.path.join(folder, TOKENIZER_JSON))
-        eos = _special_token(folder, "eos_token")
+        eos, bos = _special_token(folder, "eos_token"), _special_token(folder, "bos_token")
         self.eod = None if eos is None else self._tokenizer.token_to_id(eos)
+        self.bos = None if bos is None else self._tokenizer.token_to_id(bos)      # None: the folder has none
         if self.eod is None:
             raise TokenizerError(f"--tokenizer-model {folder}: no eos_token in tokenizer_config.json (or "
                                  f"special_tokens_map.json) that the vocabulary holds; the end-of-document "

@@ -67,6 +67,12 @@ class SentencePieceTokenizer:
     def vocab_size(self):
         return self._model.get_piece_size()
 
+    def special_pieces(self):
+        """{"bos_token", "eos_token", "unk_token": the piece} of the ids the model has (a Hugging Face
+        tokenizer_config.json's special tokens)."""
+        ids = {"bos_token": self.bos, "eos_token": self.eod, "unk_token": self._model.unk_id()}
+        return {name: self._model.id_to_piece(i) for name, i in ids.items() if i >= 0}
+
     def tokenize(self, text):
         ids = self._model.encode(text)
         return [self.bos] + ids if self.add_bos else ids

@@ -10,6 +10,7 @@ starts -- and before MindSpore is imported, so a mistyped flag costs a fraction 
 Derived values (data-parallel size, micro-batches per step, ...) are filled in here so that
 every other module reads one settled namespace.
 """
+import difflib
 import glob
 import math
 import os
@@ -21,13 +22,16 @@ from rapidgpt.config.compile_cache import add_compile_cache_args, check_compile_
 from rapidgpt.config.implementation_choices import (add_implementation_choice_args, check_implementation_choice_args,
                                                     values_of)
 from rapidgpt.config.kernel_fusion import add_kernel_fusion_args, check_kernel_fusion_args
+from rapidgpt.config.megatron_flags import add_megatron_flags, check_megatron_flags
 from rapidgpt.config.precision import add_precision_args, check_precision_args
 from rapidgpt.config.transformer import add_architecture_args, check_architecture_args
 from rapidgpt.config.recompute import add_recompute_args, check_recompute_args
 from rapidgpt.config.zero import add_zero_args, check_zero_args
 from rapidgpt.flag_parser import ArgumentError, FlagParser, Problems, report_and_exit
 from rapidgpt.msrun_env import launched_by_msrun, launched_world_size
-from rapidgpt.tokenizer import MODEL_TOKENIZER_TYPES, TOKENIZER_MODEL_HELP, TOKENIZER_TYPES, check_tokenizer_model
+from rapidgpt.tokenizer import (MODEL_TOKENIZER_TYPES, TOKENIZER_MODEL_HELP, TOKENIZER_TYPES, check_tokenizer_model,
+                                inferred_tokenizer_type)
+from rapidgpt.tokenizer.null_tokenizer import EOD_HELP as NULL_EOD_HELP
 
 TASKS = ("pretraining", "text_generation", "sequence_classification")
 DEVICES = ("cpu", "gpu", "ascend")
@@ -43,7 +47,8 @@ def _model_args(parser):
     g.add_argument("--seq-length", type=int, default=128)
     g.add_argument("--max-position-embeddings", type=int, default=None, help="default: seq length")
     g.add_argument("--vocab-size", type=int, default=None,
-                   help="vocabulary size when no tokenizer is given (token ids must be below it)")
+                   help="vocabulary size when no tokenizer is given, or NullTokenizer's (token ids must be "
+                        "below it)")
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                    help="pad the embedding rows to a multiple of this (times TP size) for speed; "
                         "padded rows never take part in the loss or the returned logits")
@@ -130,6 +135,7 @@ def _data_args(parser):
     g.add_argument("--tokenizer-model", default=None, metavar="PATH", help=TOKENIZER_MODEL_HELP)
     g.add_argument("--vocab-file", default=None)
     g.add_argument("--merge-file", default=None)
+    g.add_argument("--null-tokenizer-eod-id", type=int, default=None, help=NULL_EOD_HELP)
     g.add_argument("--eod-mask-loss", action="store_true")
     g.add_argument("--reset-position-ids", action="store_true")
     g.add_argument("--reset-attention-mask", action="store_true")
@@ -217,7 +223,7 @@ def _reserved_args(parser):
 def _checkpoint_args(parser):
     g = parser.add_argument_group("checkpointing")
     g.add_argument("--save", default=None, help="directory for checkpoints (Megatron layout)")
-    g.add_argument("--save-interval", type=int, default=None, help="save every this many iterations")
+    g.add_argument("--save-interval", "--persistent-save-interval", type=int, default=None, help="save every this many iterations")
     g.add_argument("--load", default=None, help="resume from the latest complete checkpoint here; "
                    "model flags not given are taken from the checkpoint")
     g.add_argument("--no-save-optim", action="store_true", help="save weights only")
@@ -258,6 +264,10 @@ def _logging_args(parser):
     g.add_argument("--eval-iters", type=int, default=10)
     g.add_argument("--tensorboard-dir", default=None)
     g.add_argument("--tensorboard-log-interval", type=int, default=1)
+    g.add_argument("--log-timers-to-tensorboard", action="store_true",
+                   help="Megatron's: at each --log-interval, TensorBoard gets iteration-time (seconds, from the "
+                        "second interval on) and every timer --timing-log-level measures as <name>-time (the "
+                        "slowest rank's seconds per iteration)")
     g.add_argument("--log-dir", default=None,
                    help="also write each rank's log lines to LOG_DIR/rank_N.log. With several processes "
                         "LOG_DIR also keeps msrun's worker_N.log (everything rank N printed), "
@@ -281,7 +291,9 @@ def _logging_args(parser):
 def _engine_args(parser):
     g = parser.add_argument_group("engine")
     g.add_argument("--user-script", default=None, help="Python file with your Pretrainer/Finetuner")
-    g.add_argument("--task", choices=TASKS, default=None, help="black-box task, no user file")
+    g.add_argument("--task", default=None, metavar="{" + ",".join(TASKS) + "}",
+                   help="black-box task, no user file; with --user-script, any name, handed to the script as "
+                        "args.task (as Rapidformer's EasyNLP scripts pass one)")
     g.add_argument("--device", choices=DEVICES, default=None, help="default: the best available")
     g.add_argument("--no-jit", dest="jit", action="store_false",
                    help="run the step eagerly (PyNative) instead of compiling it: 2-3x slower, "
@@ -310,6 +322,7 @@ def build_parser(extra_args_provider=None):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
+    add_megatron_flags(parser)          # last: a flag defined above (or by a user script) is not Megatron's
     return parser
 
 
@@ -422,6 +435,10 @@ def validate_args(args, world_size=1, check=None):
     problem (`check`: a Problems collector to add to instead)."""
     own = check is None
     check = check or Problems()
+    # A user script's --task is the script's own (Rapidformer's EasyNLP scripts pass one), not a
+    # black-box task whose checks apply; it stays in args.task for the script.
+    task, args.task = args.task, (None if args.user_script else args.task)
+    _infer_tokenizer_type(args, check)
     for section in (_check_refused, _check_model, _check_launch, _check_layout, _check_schedule,
                     _check_data, _check_checkpointing, _check_task, _check_generation):
         section(args, check, world_size)
@@ -432,9 +449,30 @@ def validate_args(args, world_size=1, check=None):
     check_kernel_fusion_args(args, check)
     check_compile_cache_args(args, check)
     check_implementation_choice_args(args, check)
+    check_megatron_flags(args, check)
+    args.task = task
     if own:
         check.raise_if_any()
     return args
+
+
+def _infer_tokenizer_type(args, check):
+    """Old Megatron command lines give --vocab-file (and --merge-file) without --tokenizer-type:
+    the type their pretrain_gpt.py / pretrain_bert.py defaulted to, said in a start-up line (a
+    WordPiece vocabulary then makes the model BERT: rapidgpt/config/bert.py)."""
+    if args.tokenizer_type or not (args.vocab_file or args.merge_file):
+        return
+    kind = inferred_tokenizer_type(args.vocab_file, args.merge_file)
+    if kind is None:
+        check.add(f"--merge-file: --vocab-file {args.vocab_file} is a GPT-2 vocabulary, which needs its merges; "
+                  f"give --merge-file merges.txt (or --tokenizer-type)")
+        return
+    args.tokenizer_type = kind
+    source = "--vocab-file and --merge-file" if args.merge_file else "--vocab-file (a WordPiece vocab.txt)"
+    script = "pretrain_gpt.py" if kind == "GPT2BPETokenizer" else "pretrain_bert.py"
+    args.megatron_flag_lines = [*getattr(args, "megatron_flag_lines", ()),
+                                f" > --tokenizer-type not given: {kind}, from {source}, as Megatron's {script} "
+                                f"defaulted it"]
 
 
 def _flag(name):
@@ -454,8 +492,10 @@ def _check_refused(args, check, world_size):
 
 
 def _check_model(args, check, world_size):
-    check.require(not (args.user_script and args.task),
-                  "--user-script: give either --user-script or --task, not both")
+    if not args.user_script and args.task is not None and args.task not in TASKS:
+        close = difflib.get_close_matches(args.task, TASKS, n=1)
+        check.add(f"--task: {args.task} is not a task; {f'did you mean {close[0]}? ' if close else ''}choose one "
+                  f"of {', '.join(TASKS)} (or run your --user-script)")
     if args.user_script:
         check.require(os.path.isfile(args.user_script),
                       f"--user-script: {args.user_script}: no such file; check the path")
@@ -616,15 +656,25 @@ def _check_data(args, check, world_size):
         value = getattr(args, name)
         if not value:
             continue
-        try:
-            paths = parse_data_path(value, _flag(name))[0]
-        except ValueError as e:
-            check.add(f"{_flag(name)}: {e}" if not str(e).startswith(_flag(name)) else str(e))
-            continue
+        if args.task == "sequence_classification":       # files, read one after the other (as Megatron's
+            paths = value.split() if isinstance(value, str) else list(value)      # --valid-data of GLUE tasks)
+        else:
+            try:
+                paths = parse_data_path(value, _flag(name))[0]
+            except ValueError as e:
+                check.add(f"{_flag(name)}: {e}" if not str(e).startswith(_flag(name)) else str(e))
+                continue
         for path in paths:
             problem = _data_file_problem(path)
             check.require(problem is None, f"{_flag(name)}: {problem}")
-    if args.tokenizer_type in MODEL_TOKENIZER_TYPES:
+    if args.tokenizer_type == "NullTokenizer":
+        if check.require(args.vocab_size and args.vocab_size > 0,
+                         "--vocab-size: required for --tokenizer-type NullTokenizer (the data's token ids are "
+                         "below it); give --vocab-size N"):
+            eod = args.null_tokenizer_eod_id
+            check.require(eod is None or 0 <= eod < args.vocab_size,
+                          f"--null-tokenizer-eod-id: {eod} is not below --vocab-size {args.vocab_size}")
+    elif args.tokenizer_type in MODEL_TOKENIZER_TYPES:
         check_tokenizer_model(args.tokenizer_type, args.tokenizer_model, check)
     elif args.tokenizer_type:
         kind = args.tokenizer_type
@@ -671,6 +721,11 @@ def _check_task(args, check, world_size):
         check.require(args.train_iters,
                       "--train-iters: --task pretraining needs the training length; give --train-iters "
                       "(or --train-samples)")
+        check.require(not (args.data_path or args.train_data_path) or args.tokenizer_type or args.vocab_size
+                      or args.vocab_file,        # a vocab.json without merges: named by _infer_tokenizer_type
+                      "--tokenizer-type: pretraining on --data-path needs its vocabulary; give --tokenizer-type "
+                      "with --vocab-file (and --merge-file) or --tokenizer-model, or --vocab-size if the data "
+                      "holds token ids only")
     if args.task == "text_generation":
         check.require(args.load, "--load: text generation needs the checkpoint to generate with; give --load DIR")
         check.require(args.prompt or args.prompts_file,

@@ -48,13 +48,11 @@ def main(argv=None):
         print(USAGE, file=sys.stderr)
         print(f"{PROG}: error: give --task NAME or --user-script FILE", file=sys.stderr)
         return 2
-    if known.task and known.user_script:
-        report_and_exit(["--task: give either --task or --user-script, not both"])
     if is_msrun_scheduler():       # msrun runs this command line in its scheduler too: it only serves
         from rapidgpt.parallel import comm
         comm.serve_as_scheduler()
         return 0
-    if known.task:
+    if known.task and not known.user_script:      # with a script, --task is the script's (args.task)
         if known.task not in TASKS:
             close = difflib.get_close_matches(known.task, TASKS, n=1)
             hint = f"did you mean {close[0]}? " if close else ""

@@ -117,7 +117,10 @@ class FlagParser(argparse.ArgumentParser):
         report_and_exit([_rephrase(message)])
 
     def option_names(self):
-        return [name for action in self._actions for name in action.option_strings if name.startswith("--")]
+        """The flags --help lists (the hidden ones, Megatron's flags without an equivalent here, are
+        never suggested for a misspelling)."""
+        return [name for action in self._actions if action.help != argparse.SUPPRESS
+                for name in action.option_strings if name.startswith("--")]
 
     def parse(self, argv, tolerate_unknown=False):
         """`(namespace, problems)`: every value that did not convert, every unknown flag (unless

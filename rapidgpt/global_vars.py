@@ -103,6 +103,19 @@ class Timers:
             self._timers[name] = Timer()
         return self._timers[name]
 
+    def write(self, names, writer, iteration, normalizer=1.0):
+        """Megatron's timers.write: each of `names` that ran as the TensorBoard scalar `<name>-time`,
+        the slowest rank's seconds divided by `normalizer`, not reset (log() shows them next). A
+        collective: every rank calls it (`writer` is None where there is none)."""
+        from rapidgpt.parallel.comm import gather_over_ranks
+        names = [name for name in names if name in self._timers]
+        if not names:
+            return
+        times = gather_over_ranks([self._timers[n].elapsed(reset=False) / normalizer for n in names])
+        if writer is not None:
+            for i, name in enumerate(names):
+                writer.add_scalar(f"{name}-time", float(times[:, i].max()), iteration)
+
     def log(self, names, normalizer=1.0, reset=True):
         """The text Megatron prints for timers `names` (ms, divided by `normalizer`), every rank's
         times gathered (a collective: every rank calls it); None if none of them ran."""

@@ -428,7 +428,7 @@ def test_progress_bar_shows_no_loss_for_a_skipped_iteration(monkeypatch):
     monkeypatch.setattr(reporting, "get_tensorboard_writer", lambda: None)
     monkeypatch.setattr(reporting, "is_console_rank", lambda: True)
     args = SimpleNamespace(no_progress_bar=False, log_interval=2, tensorboard_log_interval=1, global_batch_size=8,
-                           timing_log_level=0)
+                           timing_log_level=0, log_timers_to_tensorboard=False)
     reporter = reporting.Reporter(args, train_iters=4)
     reporter.iteration(1, 8, {"lm loss": 6.5}, (1e-3,), StepResult(6.5, 1.0, True, 1024.0), 0.1, 100)
     assert reporter.bar.postfix == "lm loss=6.500"
@@ -438,6 +438,34 @@ def test_progress_bar_shows_no_loss_for_a_skipped_iteration(monkeypatch):
     reporter.iteration(3, 24, {"lm loss": 6.25}, (1e-3,), StepResult(6.25, 1.0, True, 512.0), 0.1, 100)
     assert reporter.bar.postfix == "lm loss=6.250"
     reporter.close()
+
+
+def test_timers_go_to_tensorboard_as_megatron_writes_them(monkeypatch):
+    """--log-timers-to-tensorboard: at each --log-interval, `<timer>-time` (the slowest rank's seconds
+    per iteration, before the timing block resets them) and, from the second interval on (the first
+    holds the compile), `iteration-time`."""
+    from types import SimpleNamespace
+    from rapidgpt.global_vars import Timers
+    from rapidgpt.training import reporting
+    from rapidgpt.training.step import StepResult
+    scalars, lines, timers = [], [], Timers(log_level=1)
+    monkeypatch.setattr(reporting, "get_logger", lambda: SimpleNamespace(info=lines.append))
+    monkeypatch.setattr(reporting, "get_timers", lambda: timers)
+    monkeypatch.setattr(reporting, "get_tensorboard_writer",
+                        lambda: SimpleNamespace(add_scalar=lambda *scalar: scalars.append(scalar), flush=lambda: None))
+    monkeypatch.setattr(reporting, "is_console_rank", lambda: True)
+    args = SimpleNamespace(no_progress_bar=True, log_interval=2, tensorboard_log_interval=100, global_batch_size=8,
+                           timing_log_level=1, log_timers_to_tensorboard=True)
+    reporter = reporting.Reporter(args, train_iters=4)
+    step = timers("forward-backward-optimizer", log_level=1)
+    for iteration, seconds in ((1, 3.0), (2, 0.5), (3, 0.5), (4, 0.25)):
+        step.elapsed_ += seconds
+        reporter.iteration(iteration, 8 * iteration, {"lm loss": 6.5}, (1e-3,), StepResult(6.5, 1.0, True, 1.0),
+                           seconds, 100)
+    reporter.close()
+    assert scalars == [("forward-backward-optimizer-time", 1.75, 2), ("iteration-time", 0.375, 4),
+                       ("forward-backward-optimizer-time", 0.375, 4)]
+    assert "forward-backward-optimizer .....................: (1750.00, 1750.00)" in "\n".join(lines)
 
 
 class CharTokenizer:

@@ -465,3 +465,58 @@ def test_sentencepiece_problems_are_one_line(tmp_path, monkeypatch):
     assert model_file_problem("Llama2Tokenizer", model).startswith(message)
     with pytest.raises(SentencePieceError, match=message.replace("`", ".")):
         build_tokenizer(SimpleNamespace(tokenizer_type="Llama2Tokenizer", tokenizer_model=model))
+
+
+# ---- NullTokenizer: token ids written as text (Megatron's, for data that already is ids) ----------
+
+class MegatronNullTokenizer:
+    """A port of Megatron-LM's NullTokenizer (megatron/core/tokenizers/text/libraries/null_tokenizer.py,
+    d98e8a6): the reference."""
+
+    def __init__(self, vocab_size, eod_id=None):
+        self.vocab_size = int(vocab_size)
+        self.eod = int(eod_id) if eod_id is not None else self.vocab_size - 1
+
+    def text_to_ids(self, text):
+        return [int(x) for x in text.split(' ')]
+
+    def ids_to_text(self, ids):
+        return ' '.join(str(x) for x in ids)
+
+
+@pytest.mark.parametrize("eod_id", [None, 0])
+def test_null_tokenizer_is_megatrons(eod_id):
+    ours = build_tokenizer(SimpleNamespace(tokenizer_type="NullTokenizer", vocab_size=100, null_tokenizer_eod_id=eod_id))
+    reference = MegatronNullTokenizer(100, eod_id)
+    for text in ("17 4 2 99", "0", "5 5 5"):
+        assert ours.tokenize(text) == reference.text_to_ids(text)
+        assert ours.detokenize(ours.tokenize(text)) == reference.ids_to_text(reference.text_to_ids(text)) == text
+    assert (ours.vocab_size, ours.eod) == (reference.vocab_size, reference.eod) == (100, 99 if eod_id is None else 0)
+
+
+def test_null_tokenizer_from_preprocessing_to_the_training_flags(tmp_path, capsys):
+    """preprocess_data.py writes the ids (and the EOD) as they are; a line that is not ids is named by
+    its number; the training flags need --vocab-size."""
+    from rapidgpt.arguments import parse_args
+    from rapidgpt.data.indexed_dataset import IndexedDataset
+    from rapidgpt.data.preprocess import main as preprocess
+    corpus = tmp_path / "ids.jsonl"
+    corpus.write_text('{"text": "3 1 4 1 5"}\n{"text": "9 2 6"}\n')
+    flags = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "10"]
+    assert preprocess(["--input", str(corpus), "--output-prefix", str(tmp_path / "ids"), *flags, "--append-eod",
+                       "--no-progress-bar"]) == 0
+    data = IndexedDataset(str(tmp_path / "ids_text_document"))
+    assert [list(data[i]) for i in range(len(data))] == [[3, 1, 4, 1, 5, 9], [9, 2, 6, 9]]
+    corpus.write_text('{"text": "3 1"}\n{"text": "three one"}\n')
+    assert preprocess(["--input", str(corpus), "--output-prefix", str(tmp_path / "bad"), *flags,
+                       "--no-progress-bar"]) == 1
+    assert (f"{corpus}:2: NullTokenizer reads token ids separated by single spaces, e.g. '17 4 2051'; got "
+            f"'three one'") in capsys.readouterr().err
+    args = parse_args(argv=["--task", "pretraining", "--train-iters", "2", "--data-path",
+                            str(tmp_path / "ids_text_document"), *flags])
+    assert build_tokenizer(args).vocab_size == 10
+    with pytest.raises(SystemExit):
+        parse_args(argv=["--task", "pretraining", "--train-iters", "2", "--data-path", str(tmp_path / "ids_text_document"),
+                         "--tokenizer-type", "NullTokenizer"])
+    assert ("--vocab-size: required for --tokenizer-type NullTokenizer (the data's token ids are below it); give "
+            "--vocab-size N") in capsys.readouterr().err

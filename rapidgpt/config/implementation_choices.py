@@ -104,4 +104,5 @@ def implementation_choice_lines(args):
     return ([f" > {flag}: accepted; {meaning}" for flag, (kwargs, meaning) in CHOICES.items()
              if getattr(args, _dest(flag), None) not in (None, False, kwargs.get("default"))]
             + [f" > {flag} {value}: accepted; {VALUE_CHOICES[flag, value][1]}"
-               for flag, value in getattr(args, "accepted_values", ())])
+               for flag, value in getattr(args, "accepted_values", ())]
+            + list(getattr(args, "megatron_flag_lines", ())))      # rapidgpt/config/megatron_flags.py

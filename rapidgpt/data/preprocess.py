@@ -30,6 +30,7 @@ from tqdm import tqdm
 from rapidgpt.data.indexed_dataset import (IndexedDatasetBuilder, best_fitting_dtype,
                                            data_file_path, index_file_path)
 from rapidgpt.tokenizer import TOKENIZER_MODEL_HELP, TOKENIZER_TYPES, build_tokenizer
+from rapidgpt.tokenizer.null_tokenizer import EOD_HELP as NULL_EOD_HELP, NullTokenizerError
 from rapidgpt.utils import bounded_imap
 
 
@@ -61,6 +62,8 @@ def get_args(argv=None):
     group.add_argument("--tokenizer-model", default=None, metavar="PATH", help=TOKENIZER_MODEL_HELP)
     group.add_argument("--vocab-file", default=None)
     group.add_argument("--merge-file", default=None)
+    group.add_argument("--vocab-size", type=int, default=None, help="NullTokenizer: the token ids are below it")
+    group.add_argument("--null-tokenizer-eod-id", type=int, default=None, help=NULL_EOD_HELP)
     group.add_argument("--append-eod", action="store_true",
                        help="append the end-of-document token to every document")
     group = parser.add_argument_group("output data")
@@ -140,7 +143,10 @@ class Encoder:
                 return line_no, None, len(raw), f"key {key!r} must be a string or a list of strings"
             ids, lengths = [], []
             for sentence in sentences:
-                sentence_ids = Encoder.tokenizer.tokenize(sentence)
+                try:
+                    sentence_ids = Encoder.tokenizer.tokenize(sentence)
+                except NullTokenizerError as e:          # the text is not token ids: this line's problem
+                    return line_no, None, len(raw), str(e)
                 if sentence_ids:
                     ids.extend(sentence_ids)
                     lengths.append(len(sentence_ids))

@@ -15,6 +15,7 @@ from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
 from rapidgpt.data.demo_corpus import demo_corpus
 from rapidgpt.data.gpt_dataset import GPTDatasetConfig
 from rapidgpt.engine import RapidGPTEngine
+from rapidgpt.errors import UserError
 from rapidgpt.global_vars import get_tokenizer
 from rapidgpt.models.bert import bert_loss_func, build_bert_model
 from rapidgpt.models.generation import generate
@@ -28,9 +29,10 @@ def vocab_size(args):
     tokenizer = get_tokenizer()
     if tokenizer is not None:
         return tokenizer.vocab_size
-    if args.vocab_size is None:
-        raise ValueError("pretraining needs a vocabulary: give --tokenizer-type/--vocab-file "
-                         "(/--merge-file), or --vocab-size if the data holds token ids only")
+    if args.vocab_size is None:             # the flag check asks for one before (rapidgpt/arguments.py)
+        raise UserError("--tokenizer-type: pretraining needs a vocabulary; give --tokenizer-type with "
+                        "--vocab-file (and --merge-file) or --tokenizer-model, or --vocab-size if the data "
+                        "holds token ids only")
     return args.vocab_size
 
 

@@ -7,19 +7,33 @@ from rapidgpt.tokenizer.bert_wordpiece import BertWordPieceTokenizer
 from rapidgpt.tokenizer.bpe_trainer import save_gpt2_format, train_byte_level_bpe
 from rapidgpt.tokenizer.gpt2_bpe import GPT2BPETokenizer
 from rapidgpt.tokenizer.hf_tokenizer import HuggingFaceTokenizer, folder_problem
+from rapidgpt.tokenizer.null_tokenizer import NullTokenizer
 from rapidgpt.tokenizer.sentencepiece_tokenizer import SENTENCEPIECE_TYPES, SentencePieceTokenizer, model_file_problem
 
-__all__ = ["BertWordPieceTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer", "SentencePieceTokenizer",
+__all__ = ["BertWordPieceTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer",
+           "SentencePieceTokenizer",
            "TOKENIZER_TYPES", "build_tokenizer", "padded_vocab_size", "save_gpt2_format", "train_byte_level_bpe"]
 
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase", "HuggingFaceTokenizer",
-                   *SENTENCEPIECE_TYPES)
+                   *SENTENCEPIECE_TYPES, "NullTokenizer")
 # The types read from --tokenizer-model (a folder or a model file) rather than --vocab-file.
 MODEL_TOKENIZER_TYPES = ("HuggingFaceTokenizer", *SENTENCEPIECE_TYPES)
 TOKENIZER_MODEL_HELP = ("--tokenizer-type HuggingFaceTokenizer: a Hugging Face tokenizer folder (tokenizer.json, "
                         "tokenizer_config.json), as saved by save_pretrained, read with the `tokenizers` library; "
                         "GPTSentencePieceTokenizer / Llama2Tokenizer: a SentencePiece model file (tokenizer.model), "
                         "read with the optional `sentencepiece` library")
+
+
+def inferred_tokenizer_type(vocab_file, merge_file):
+    """The --tokenizer-type an old Megatron command line means when it gives vocabulary files but no
+    type (Megatron's pretrain_gpt.py and pretrain_bert.py defaulted it): merges -> GPT2BPETokenizer;
+    a vocab.txt alone (WordPiece, one token per line) -> BertWordPieceLowerCase. None for a GPT-2
+    vocab.json without its merges."""
+    if merge_file:
+        return "GPT2BPETokenizer"
+    if vocab_file and not vocab_file.endswith(".json"):
+        return "BertWordPieceLowerCase"
+    return None
 
 
 def check_tokenizer_model(kind, path, check):
@@ -43,6 +57,11 @@ def build_tokenizer(args):
         if kind == "HuggingFaceTokenizer":
             return HuggingFaceTokenizer(model)
         return SentencePieceTokenizer(model, add_bos=(kind == "Llama2Tokenizer"))
+    if kind == "NullTokenizer":
+        if not getattr(args, "vocab_size", None):
+            raise ValueError("--vocab-size is required for --tokenizer-type NullTokenizer: the data's token ids "
+                             "are below it")
+        return NullTokenizer(args.vocab_size, getattr(args, "null_tokenizer_eod_id", None))
     vocab_file = getattr(args, "vocab_file", None)
     merge_file = getattr(args, "merge_file", None)
     if kind not in TOKENIZER_TYPES:

@@ -7,6 +7,11 @@ from tqdm import tqdm
 
 from rapidgpt.global_vars import get_logger, get_tensorboard_writer, get_timers, is_console_rank
 
+# The training loop's timers (rapidgpt/training/trainer.py), shown by --timing-log-level 1 and
+# written by --log-timers-to-tensorboard.
+LOOP_TIMERS = ["batch-generator", "forward-backward-optimizer", "evaluate", "forward-compute", "backward-compute",
+               "pipeline-p2p"]
+
 
 def training_log_line(iteration, train_iters, consumed_samples, ms_per_iteration, learning_rate,
                       global_batch_size, losses, loss_scale, grad_norm, skipped, nan, per_second,
@@ -79,6 +84,7 @@ class Reporter:
                         dynamic_ncols=True)
         self._reset()
         self.grad_norm = None
+        self.intervals_logged = 0
 
     def _reset(self):
         self.loss_sum, self.iters, self.advanced, self.skipped, self.nan, self.seconds = {}, 0, 0, 0, 0, 0.0
@@ -128,12 +134,15 @@ class Reporter:
                 self.args.global_batch_size, averages, step.loss_scale, self.grad_norm if self.advanced else None,
                 self.skipped, self.nan, units / max(per_iter, 1e-9), self.unit, tflops,
                 rates[1] if len(rates) > 1 else None))
+            if self.args.log_timers_to_tensorboard:     # a collective, as the timing block below
+                if self.writer is not None and self.intervals_logged:      # the first holds the compile
+                    self.writer.add_scalar("iteration-time", per_iter, iteration)
+                self.timers.write(LOOP_TIMERS, self.writer, iteration, normalizer=self.iters)
             if self.args.timing_log_level >= 1:         # a collective: every rank logs here
-                timing = self.timers.log(["batch-generator", "forward-backward-optimizer", "evaluate",
-                                          "forward-compute", "backward-compute", "pipeline-p2p"],
-                                         normalizer=self.iters)
+                timing = self.timers.log(LOOP_TIMERS, normalizer=self.iters)
                 if timing:
                     self.logger.info(timing)
+            self.intervals_logged += 1
             self._reset()
 
     def close(self):

@@ -1,0 +1,104 @@
+"""Old Megatron-LM command lines (its pretrain_gpt.sh, pretrain_bert.sh, finetune_mnli_distributed.sh)
+and Rapidformer's EasyNLP ones, read as they were written: the tokenizer inferred from the
+vocabulary files, missing files named up front, several --valid-data files read in order, --task
+handed to a --user-script. Flag checks only: no process is started but the user script's."""
+import subprocess
+import sys
+from argparse import Namespace
+
+import pytest
+
+from rapidgpt.arguments import parse_args
+from rapidgpt.config.implementation_choices import implementation_choice_lines
+from rapidgpt.data.classification import classification_datasets
+from test_parallel import REPO
+
+# Megatron's examples/pretrain_gpt.sh and pretrain_bert.sh (v2-v3), sizes made tiny, paths local.
+OLD_GPT = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--micro-batch-size", "4",
+           "--global-batch-size", "8", "--seq-length", "64", "--max-position-embeddings", "64", "--train-iters", "4",
+           "--lr-decay-iters", "320000", "--data-impl", "mmap", "--split", "949,50,1", "--distributed-backend", "nccl",
+           "--lr", "0.00015", "--min-lr", "1.0e-5", "--lr-decay-style", "cosine", "--weight-decay", "1e-2",
+           "--clip-grad", "1.0", "--lr-warmup-fraction", ".01", "--checkpoint-activations", "--log-interval", "100",
+           "--eval-interval", "1000", "--eval-iters", "10"]
+
+
+def files(tmp_path, *names):
+    for name in names:
+        (tmp_path / name).write_text("x\n")
+    (tmp_path / "corpus_text_document.idx").write_bytes(b"")
+    return [str(tmp_path / name) for name in names]
+
+
+def test_gpt2_vocabulary_files_without_a_type_are_megatrons_gpt2_bpe(tmp_path):
+    vocab, merges = files(tmp_path, "gpt2-vocab.json", "gpt2-merges.txt")
+    args = parse_args(argv=["--task", "pretraining", *OLD_GPT, "--data-path", str(tmp_path / "corpus_text_document"),
+                            "--vocab-file", vocab, "--merge-file", merges])
+    assert (args.tokenizer_type, args.model_type) == ("GPT2BPETokenizer", "gpt")
+    assert (" > --tokenizer-type not given: GPT2BPETokenizer, from --vocab-file and --merge-file, as Megatron's "
+            "pretrain_gpt.py defaulted it") in implementation_choice_lines(args)
+
+
+def test_a_wordpiece_vocabulary_without_a_type_is_megatrons_bert(tmp_path):
+    vocab, = files(tmp_path, "bert-vocab.txt")
+    args = parse_args(argv=["--task", "pretraining", *OLD_GPT, "--data-path", str(tmp_path / "corpus_text_document"),
+                            "--vocab-file", vocab])
+    assert (args.tokenizer_type, args.model_type) == ("BertWordPieceLowerCase", "bert")
+
+
+@pytest.mark.parametrize("given, message", [
+    (["--vocab-file", "/no/gpt2-vocab.json", "--merge-file", "/no/gpt2-merges.txt"],
+     ["--vocab-file: /no/gpt2-vocab.json: no such file; check the path",
+      "--merge-file: /no/gpt2-merges.txt: no such file; check the path"]),
+    (["--vocab-file", "/no/bert-vocab.txt"], ["--vocab-file: /no/bert-vocab.txt: no such file; check the path"]),
+    (["--vocab-file", "/no/gpt2-vocab.json"],
+     ["--merge-file: --vocab-file /no/gpt2-vocab.json is a GPT-2 vocabulary, which needs its merges; give "
+      "--merge-file merges.txt (or --tokenizer-type)"]),
+    ([], ["--tokenizer-type: pretraining on --data-path needs its vocabulary; give --tokenizer-type with "
+          "--vocab-file (and --merge-file) or --tokenizer-model, or --vocab-size if the data holds token ids only"]),
+])
+def test_missing_vocabulary_files_are_named_up_front(tmp_path, capsys, given, message):
+    files(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv=["--task", "pretraining", *OLD_GPT, "--data-path", str(tmp_path / "corpus_text_document"),
+                         *given])
+    assert e.value.code == 2
+    errors = [line.removeprefix("rapidgpt: error: ") for line in capsys.readouterr().err.strip().split("\n")[:-1]]
+    assert errors == message
+
+
+def test_several_valid_data_files_are_read_in_order(tmp_path):
+    """finetune_mnli_distributed.sh: --valid-data dev_matched.tsv dev_mismatched.tsv."""
+    train, matched, mismatched = (str(tmp_path / n) for n in ("train.tsv", "dev_matched.tsv", "dev_mismatched.tsv"))
+    (tmp_path / "train.tsv").write_text("text\tlabel\na\tpos\nb\tneg\n")
+    (tmp_path / "dev_matched.tsv").write_text("text\tlabel\nc\tneg\n")
+    (tmp_path / "dev_mismatched.tsv").write_text("text\tlabel\nd\tpos\ne\tpos\n")
+    vocab, merges = files(tmp_path, "vocab.json", "merges.txt")
+    args = parse_args(argv=["--task", "sequence_classification", "--train-data", train, "--valid-data", matched,
+                            mismatched, "--epochs", "1", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab,
+                            "--merge-file", merges])
+    assert args.valid_data_path == [matched, mismatched]
+
+    class Characters:
+        def tokenize(self, text):
+            return [ord(c) for c in text]
+        eod = pad = 0
+    args = Namespace(data_path=None, train_data_path=[train], valid_data_path=[matched, mismatched],
+                     test_data_path=None, labels=None, num_classes=None, seq_length=8)
+    _, valid, _ = classification_datasets(args, Characters())
+    assert [valid[i]["label"] for i in range(3)] == [0, 1, 1]          # neg, then pos, pos
+
+
+def test_task_with_a_user_script_is_the_scripts(tmp_path):
+    """Rapidformer's EasyNLP scripts pass --task with --user-script: the script gets it as args.task."""
+    script = tmp_path / "my_trainer.py"
+    script.write_text("from rapidgpt.arguments import parse_args\nprint('task:', parse_args(user_script=True).task)\n")
+    out = subprocess.run([sys.executable, "-m", "rapidgpt.cli", "--user-script", str(script), "--task",
+                          "text_classify", "--train-iters", "1"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("task: text_classify")
+
+
+def test_a_task_that_is_not_one_is_named(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv=["--task", "pretrainig", "--train-iters", "4"])
+    assert "--task: pretrainig is not a task; did you mean pretraining? choose one of" in capsys.readouterr().err

@@ -1,0 +1,90 @@
+"""Every flag of Megatron-LM's arguments.py has an answer (rapidgpt/config/megatron_flags.py): a
+RapidGPT flag, an implementation choice (accepted, one start-up line) or a refusal naming the
+feature; none is "unknown". The README's section is the table's own text."""
+from pathlib import Path
+
+import pytest
+
+from rapidgpt.arguments import build_parser, parse_args
+from rapidgpt.config.implementation_choices import implementation_choice_lines
+from rapidgpt.config.megatron_flag_shapes import SHAPES
+from rapidgpt.config.megatron_flags import answer, answers, markdown, rapidgpt_flags
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BASE = ["--task", "pretraining", "--train-iters", "4"]
+
+
+def given(options, kind, nargs, value_type):
+    """A command line giving the flag a value other than Megatron's default."""
+    if kind != "store":
+        return [options[0]]
+    value = {"int": "7", "float": "0.25"}.get(value_type, "other")
+    return [options[0]] + [value] * (nargs if isinstance(nargs, int) else 1)
+
+
+TABLE_FLAGS = [row for row in SHAPES if not rapidgpt_flags(build_parser()).intersection(row[0])]
+
+
+def test_every_megatron_flag_is_answered():
+    table = answers(rapidgpt_flags(build_parser()))
+    assert len(table) == sum(len(row[0]) for row in SHAPES) > 800
+    assert [flag for flag, verdict in table.items() if verdict is None] == []
+    kinds = {kind for kind, _ in table.values()}
+    assert kinds == {"rapidgpt", "implementation", "refused"}
+
+
+def test_each_flag_given_is_accepted_with_a_line_or_refused_with_its_reason(capsys):
+    """All of the table's flags at once, each with a value other than Megatron's default: one line
+    per refused flag, naming it and the feature; one start-up line per implementation choice; no
+    flag unknown."""
+    argv = BASE + [item for options, kind, nargs, value_type, _, _ in TABLE_FLAGS
+                   for item in given(options, kind, nargs, value_type)]
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv=argv)
+    assert e.value.code == 2
+    errors = capsys.readouterr().err.strip().split("\n")[:-1]
+    refused = [row for row in TABLE_FLAGS if answer(row[0][0], row[5])[0] == "refused"]
+    expected = [f"rapidgpt: error: {options[0]}: refused: {answer(options[0], group)[1]}; remove it"
+                for options, _, _, _, _, group in refused]
+    assert sorted(errors) == sorted(expected)
+    assert not any("unknown flag" in line for line in errors)
+
+
+def test_implementation_choices_are_accepted_with_one_line_and_leave_no_trace():
+    choices = [row for row in TABLE_FLAGS if answer(row[0][0], row[5])[0] == "implementation"]
+    argv = BASE + [item for options, kind, nargs, value_type, _, _ in choices
+                   for item in given(options, kind, nargs, value_type)]
+    args = parse_args(argv=argv)
+    lines = implementation_choice_lines(args)
+    for options, _, _, _, _, group in choices:
+        assert f" > {options[0]}: accepted; {answer(options[0], group)[1]}" in lines
+    assert not [name for name in vars(args) if name.startswith("megatron_flag__")]    # not in checkpoints
+
+
+@pytest.mark.parametrize("argv", [["--exit-signal", "SIGTERM"], ["--moe-router-topk", "2"],
+                                  ["--num-dataset-builder-threads", "1"], ["--mid-level-dataset-surplus", "0.005"]])
+def test_a_refused_flag_given_megatrons_default_passes(argv):
+    args = parse_args(argv=BASE + argv)
+    assert not [line for line in implementation_choice_lines(args) if argv[0] in line]
+
+
+def test_a_refused_flag_names_the_feature(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv=BASE + ["--num-experts", "8", "--fp8-format", "hybrid", "--expert-model-parallel-size", "2"])
+    err = capsys.readouterr().err
+    assert "--num-experts: refused: mixture of experts (MoE) is not built" in err
+    assert "--expert-model-parallel-size: refused: mixture of experts (MoE) is not built" in err
+    assert "--fp8-format: refused: FP8/FP4 training is not built" in err
+
+
+def test_a_misspelt_flag_is_never_pointed_at_a_hidden_megatron_flag(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv=BASE + ["--moe-router-topks", "2"])
+    err = capsys.readouterr().err
+    assert "--moe-router-topks: unknown flag; remove it, or check its spelling" in err
+
+
+def test_the_readme_section_is_the_tables_text():
+    section = markdown(rapidgpt_flags(build_parser()))
+    assert section in README.read_text(encoding="utf-8"), \
+        "README's Megatron-LM flags section is stale: paste `python -m rapidgpt.config.megatron_flags`"

@@ -311,7 +311,9 @@ def _engine_args(parser):
     g.add_argument("--temperature", type=float, default=1.0, help="generation: softmax temperature")
 
 
-def build_parser(extra_args_provider=None):
+def build_parser(extra_args_provider=None, megatron_flags=True):
+    """Every RapidGPT flag (and a user script's, from `extra_args_provider`); `megatron_flags`: also
+    Megatron-LM's flags that RapidGPT answers without defining them (rapidgpt/config/megatron_flags.py)."""
     parser = FlagParser(description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's "
                                     "and Rapidformer's names.")
     for add in (_model_args, add_architecture_args, add_bert_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
@@ -322,7 +324,8 @@ def build_parser(extra_args_provider=None):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
-    add_megatron_flags(parser)          # last: a flag defined above (or by a user script) is not Megatron's
+    if megatron_flags:
+        add_megatron_flags(parser)      # last: a flag defined above (or by a user script) is not Megatron's
     return parser
 
 
@@ -333,7 +336,9 @@ def parse_args(extra_args_provider=None, argv=None, launcher=False, user_script=
     flags ask for (--nproc-per-node x --nnodes). `launcher`: this is the `rapidgpt` command,
     which starts the ranks itself when several are asked for. `user_script`: the flags are for a
     user script, whose own flags are not known yet and pass (the script's engine checks them)."""
-    parser = build_parser(extra_args_provider)
+    # Before a user script has added its own flags (the launcher's check), a Megatron flag may be one
+    # of them: it passes here as any flag of the script does, and the script's engine answers it.
+    parser = build_parser(extra_args_provider, megatron_flags=not user_script)
     argv = sys.argv[1:] if argv is None else list(argv)
     args, problems = parser.parse(argv, tolerate_unknown=user_script)
     check = Problems()

@@ -223,7 +223,8 @@ def _reserved_args(parser):
 def _checkpoint_args(parser):
     g = parser.add_argument_group("checkpointing")
     g.add_argument("--save", default=None, help="directory for checkpoints (Megatron layout)")
-    g.add_argument("--save-interval", "--persistent-save-interval", type=int, default=None, help="save every this many iterations")
+    g.add_argument("--save-interval", "--persistent-save-interval", type=int, default=None,
+                   help="save every this many iterations")
     g.add_argument("--load", default=None, help="resume from the latest complete checkpoint here; "
                    "model flags not given are taken from the checkpoint")
     g.add_argument("--no-save-optim", action="store_true", help="save weights only")
@@ -264,6 +265,10 @@ def _logging_args(parser):
     g.add_argument("--eval-iters", type=int, default=10)
     g.add_argument("--tensorboard-dir", default=None)
     g.add_argument("--tensorboard-log-interval", type=int, default=1)
+    g.add_argument("--log-memory-to-tensorboard", action="store_true",
+                   help="Megatron's: TensorBoard gets the memory in use every --tensorboard-log-interval: on "
+                        "GPU/Ascend mem-reserved-bytes, mem-allocated-bytes, mem-max-allocated-bytes (MindSpore's "
+                        "device pool); on the CPU mem-rss-bytes and mem-max-rss-bytes (the process's memory)")
     g.add_argument("--log-timers-to-tensorboard", action="store_true",
                    help="Megatron's: at each --log-interval, TensorBoard gets iteration-time (seconds, from the "
                         "second interval on) and every timer --timing-log-level measures as <name>-time (the "

@@ -36,3 +36,21 @@ def ensure_device(device):
         except RuntimeError:
             if device != "cpu":
                 raise
+
+
+def memory_in_use():
+    """--log-memory-to-tensorboard's scalars {name: bytes}. On a GPU or Ascend device Megatron's
+    names with MindSpore's device memory pool (reserved, allocated now, allocated at most); on the
+    CPU, whose tensors live in the process's memory (MindSpore reports no pool there: all zeros),
+    the process's resident memory now and at most."""
+    if ms.get_context("device_target") != "CPU":
+        return {"mem-reserved-bytes": ms.runtime.memory_reserved(),
+                "mem-allocated-bytes": ms.runtime.memory_allocated(),
+                "mem-max-allocated-bytes": ms.runtime.max_memory_allocated()}
+    import resource
+
+    import psutil
+    rss = psutil.Process().memory_info().rss
+    # The kernel updates its peak (ru_maxrss, KiB on Linux) lazily: it can lag the current value.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"mem-rss-bytes": rss, "mem-max-rss-bytes": max(rss, peak)}

@@ -428,7 +428,7 @@ def test_progress_bar_shows_no_loss_for_a_skipped_iteration(monkeypatch):
     monkeypatch.setattr(reporting, "get_tensorboard_writer", lambda: None)
     monkeypatch.setattr(reporting, "is_console_rank", lambda: True)
     args = SimpleNamespace(no_progress_bar=False, log_interval=2, tensorboard_log_interval=1, global_batch_size=8,
-                           timing_log_level=0, log_timers_to_tensorboard=False)
+                           timing_log_level=0, log_timers_to_tensorboard=False, log_memory_to_tensorboard=False)
     reporter = reporting.Reporter(args, train_iters=4)
     reporter.iteration(1, 8, {"lm loss": 6.5}, (1e-3,), StepResult(6.5, 1.0, True, 1024.0), 0.1, 100)
     assert reporter.bar.postfix == "lm loss=6.500"
@@ -440,10 +440,11 @@ def test_progress_bar_shows_no_loss_for_a_skipped_iteration(monkeypatch):
     reporter.close()
 
 
-def test_timers_go_to_tensorboard_as_megatron_writes_them(monkeypatch):
+def test_timers_and_memory_go_to_tensorboard_as_megatron_writes_them(monkeypatch):
     """--log-timers-to-tensorboard: at each --log-interval, `<timer>-time` (the slowest rank's seconds
     per iteration, before the timing block resets them) and, from the second interval on (the first
-    holds the compile), `iteration-time`."""
+    holds the compile), `iteration-time`. --log-memory-to-tensorboard: on the CPU, the process's
+    resident bytes now and at most, every --tensorboard-log-interval."""
     from types import SimpleNamespace
     from rapidgpt.global_vars import Timers
     from rapidgpt.training import reporting
@@ -454,8 +455,8 @@ def test_timers_go_to_tensorboard_as_megatron_writes_them(monkeypatch):
     monkeypatch.setattr(reporting, "get_tensorboard_writer",
                         lambda: SimpleNamespace(add_scalar=lambda *scalar: scalars.append(scalar), flush=lambda: None))
     monkeypatch.setattr(reporting, "is_console_rank", lambda: True)
-    args = SimpleNamespace(no_progress_bar=True, log_interval=2, tensorboard_log_interval=100, global_batch_size=8,
-                           timing_log_level=1, log_timers_to_tensorboard=True)
+    args = SimpleNamespace(no_progress_bar=True, log_interval=2, tensorboard_log_interval=4, global_batch_size=8,
+                           timing_log_level=1, log_timers_to_tensorboard=True, log_memory_to_tensorboard=True)
     reporter = reporting.Reporter(args, train_iters=4)
     step = timers("forward-backward-optimizer", log_level=1)
     for iteration, seconds in ((1, 3.0), (2, 0.5), (3, 0.5), (4, 0.25)):
@@ -463,8 +464,12 @@ def test_timers_go_to_tensorboard_as_megatron_writes_them(monkeypatch):
         reporter.iteration(iteration, 8 * iteration, {"lm loss": 6.5}, (1e-3,), StepResult(6.5, 1.0, True, 1.0),
                            seconds, 100)
     reporter.close()
-    assert scalars == [("forward-backward-optimizer-time", 1.75, 2), ("iteration-time", 0.375, 4),
-                       ("forward-backward-optimizer-time", 0.375, 4)]
+    assert [scalar for scalar in scalars if scalar[0].endswith("-time")] == [
+        ("forward-backward-optimizer-time", 1.75, 2), ("iteration-time", 0.375, 4),
+        ("forward-backward-optimizer-time", 0.375, 4)]
+    memory = {name: value for name, value, iteration in scalars if name.startswith("mem-")}
+    assert sorted(memory) == ["mem-max-rss-bytes", "mem-rss-bytes"]           # at iteration 4 only
+    assert 0 < memory["mem-rss-bytes"] <= memory["mem-max-rss-bytes"]
     assert "forward-backward-optimizer .....................: (1750.00, 1750.00)" in "\n".join(lines)
 
 

@@ -306,6 +306,7 @@ def test_implementation_choices_are_accepted_with_one_line_each():
     lines = implementation_choice_lines(args)
     assert [line.split(":")[0] for line in lines] == [f" > {flag}" for flag in CHOICES] + [" > --ckpt-format torch_dist"]
     assert args.ckpt_format == "ckpt"                 # what is written: RapidGPT's own checkpoint files
+    assert parse_args(argv=["--train-iters", "1", "--ckpt-format", "torch"]).ckpt_format == "ckpt"
     assert implementation_choice_lines(parse_args(argv=["--train-iters", "1"])) == []
 
 

@@ -64,6 +64,9 @@ VALUE_CHOICES = {
         "ckpt", "Megatron's distributed checkpoint loads at any TP/PP/DP; RapidGPT's own checkpoints do too "
                 "(MindSpore .ckpt files per rank plus a layout record), so they are written; they are not "
                 "PyTorch Distributed Checkpoint files"),
+    ("--ckpt-format", "torch"): (
+        "ckpt", "Megatron's legacy per-rank torch.save files; RapidGPT writes its own layout-free checkpoints "
+                "(MindSpore .ckpt files per rank plus a layout record) instead"),
 }
 
 

@@ -289,7 +289,7 @@ REFUSED = [
     ("this logging option is not built (the iteration line, --log-throughput, --timing-log-level and "
      "--tensorboard-dir)",
      ("--log-params-norm", "--log-progress", "--no-log-loss-scale-to-tensorboard",
-      "--log-memory-to-tensorboard", "--log-memory-interval",
+      "--log-memory-interval",
       "--log-device-memory-used", "--log-num-zeros-in-grad", "--no-barrier-with-level-1-timing",
       "--log-world-size-to-tensorboard", "--logging-level", "--log-energy", "--log-max-attention-logit"), ()),
     ("Megatron's experimental switches and YAML configuration are not built (flags only)",

@@ -5,6 +5,7 @@ import sys
 
 from tqdm import tqdm
 
+from rapidgpt.device import memory_in_use
 from rapidgpt.global_vars import get_logger, get_tensorboard_writer, get_timers, is_console_rank
 
 # The training loop's timers (rapidgpt/training/trainer.py), shown by --timing-log-level 1 and
@@ -119,6 +120,9 @@ class Reporter:
             for name, value in losses.items():
                 self.writer.add_scalar(name, value, iteration)
             self.writer.add_scalar("loss-scale", step.loss_scale, iteration)
+            if self.args.log_memory_to_tensorboard:
+                for name, value in memory_in_use().items():
+                    self.writer.add_scalar(name, value, iteration)
             if step.updated:
                 self.writer.add_scalar("grad-norm", step.grad_norm, iteration)
             self.writer.add_scalar(f"{self.unit}-per-second", units / max(seconds, 1e-9), iteration)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rapidgpt.arguments import build_parser, parse_args
+from rapidgpt.arguments import parse_args
 from rapidgpt.config.implementation_choices import implementation_choice_lines
 from rapidgpt.config.megatron_flag_shapes import SHAPES
 from rapidgpt.config.megatron_flags import answer, answers, markdown, rapidgpt_flags
@@ -22,11 +22,11 @@ def given(options, kind, nargs, value_type):
     return [options[0]] + [value] * (nargs if isinstance(nargs, int) else 1)
 
 
-TABLE_FLAGS = [row for row in SHAPES if not rapidgpt_flags(build_parser()).intersection(row[0])]
+TABLE_FLAGS = [row for row in SHAPES if not rapidgpt_flags().intersection(row[0])]
 
 
 def test_every_megatron_flag_is_answered():
-    table = answers(rapidgpt_flags(build_parser()))
+    table = answers(rapidgpt_flags())
     assert len(table) == sum(len(row[0]) for row in SHAPES) > 800
     assert [flag for flag, verdict in table.items() if verdict is None] == []
     kinds = {kind for kind, _ in table.values()}
@@ -85,6 +85,6 @@ def test_a_misspelt_flag_is_never_pointed_at_a_hidden_megatron_flag(capsys):
 
 
 def test_the_readme_section_is_the_tables_text():
-    section = markdown(rapidgpt_flags(build_parser()))
+    section = markdown(rapidgpt_flags())
     assert section in README.read_text(encoding="utf-8"), \
         "README's Megatron-LM flags section is stale: paste `python -m rapidgpt.config.megatron_flags`"

@@ -403,12 +403,11 @@ def markdown(known):
     return "\n".join(out) + "\n"
 
 
-def rapidgpt_flags(parser):
-    """The option strings `parser` defines itself (not those add_megatron_flags added)."""
-    return {option for action in parser._actions if not action.dest.startswith("megatron_flag__")
-            for option in action.option_strings}
+def rapidgpt_flags():
+    """The option strings RapidGPT defines itself."""
+    from rapidgpt.arguments import build_parser
+    return set(build_parser(megatron_flags=False)._option_string_actions)
 
 
 if __name__ == "__main__":
-    from rapidgpt.arguments import build_parser
-    sys.stdout.write(markdown(rapidgpt_flags(build_parser())))
+    sys.stdout.write(markdown(rapidgpt_flags()))

@@ -28,9 +28,11 @@ setup(
                             # check our GPT-2 byte-level BPE against it)
     ],
     extras_require={
-        "test": ["pytest", "sentencepiece"],
+        "test": ["pytest", "sentencepiece", "tiktoken"],
         # --tokenizer-type GPTSentencePieceTokenizer / Llama2Tokenizer (a tokenizer.model file).
         "sentencepiece": ["sentencepiece"],
+        # --tokenizer-type TikTokenizer (a tiktoken vocabulary .json).
+        "tiktoken": ["tiktoken"],
         # Only benchmarks/bench_pretrain.py's PyTorch eager side; never imported by rapidgpt.
         "bench": ["torch==2.13.0"],
     },

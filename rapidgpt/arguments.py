@@ -17,6 +17,7 @@ import os
 import sys
 
 from rapidgpt.data.gpt_dataset import parse_split
+from rapidgpt.config.batch_size_rampup import add_batch_size_rampup_args, check_batch_size_rampup_args
 from rapidgpt.config.bert import add_bert_args, check_bert_args
 from rapidgpt.config.compile_cache import add_compile_cache_args, check_compile_cache_args
 from rapidgpt.config.implementation_choices import (add_implementation_choice_args, check_implementation_choice_args,
@@ -32,6 +33,7 @@ from rapidgpt.msrun_env import launched_by_msrun, launched_world_size
 from rapidgpt.tokenizer import (MODEL_TOKENIZER_TYPES, TOKENIZER_MODEL_HELP, TOKENIZER_TYPES, check_tokenizer_model,
                                 inferred_tokenizer_type)
 from rapidgpt.tokenizer.null_tokenizer import EOD_HELP as NULL_EOD_HELP
+from rapidgpt.tokenizer.tiktoken_tokenizer import add_tiktoken_args, flag_problems as tiktoken_flag_problems
 
 TASKS = ("pretraining", "text_generation", "sequence_classification")
 DEVICES = ("cpu", "gpu", "ascend")
@@ -47,8 +49,8 @@ def _model_args(parser):
     g.add_argument("--seq-length", type=int, default=128)
     g.add_argument("--max-position-embeddings", type=int, default=None, help="default: seq length")
     g.add_argument("--vocab-size", type=int, default=None,
-                   help="vocabulary size when no tokenizer is given, or NullTokenizer's (token ids must be "
-                        "below it)")
+                   help="vocabulary size when no tokenizer is given, NullTokenizer's (token ids must be "
+                        "below it), or TikTokenizer's (default 131072: the special tokens, then the vocabulary)")
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                    help="pad the embedding rows to a multiple of this (times TP size) for speed; "
                         "padded rows never take part in the loss or the returned logits")
@@ -136,6 +138,7 @@ def _data_args(parser):
     g.add_argument("--vocab-file", default=None)
     g.add_argument("--merge-file", default=None)
     g.add_argument("--null-tokenizer-eod-id", type=int, default=None, help=NULL_EOD_HELP)
+    add_tiktoken_args(g)
     g.add_argument("--eod-mask-loss", action="store_true")
     g.add_argument("--reset-position-ids", action="store_true")
     g.add_argument("--reset-attention-mask", action="store_true")
@@ -273,6 +276,12 @@ def _logging_args(parser):
                    help="Megatron's: at each --log-interval, TensorBoard gets iteration-time (seconds, from the "
                         "second interval on) and every timer --timing-log-level measures as <name>-time (the "
                         "slowest rank's seconds per iteration)")
+    g.add_argument("--log-num-zeros-in-grad", action="store_true",
+                   help="Megatron's: the iteration line shows 'num zeros', the number of gradient elements equal to 0 "
+                        "(after unscaling and clipping, over the whole model), and TensorBoard gets num-zeros")
+    g.add_argument("--log-params-norm", action="store_true",
+                   help="Megatron's: the iteration line shows 'params norm', the L2 norm of the (fp32 main) "
+                        "parameters after the step, and TensorBoard gets params-norm")
     g.add_argument("--log-dir", default=None,
                    help="also write each rank's log lines to LOG_DIR/rank_N.log. With several processes "
                         "LOG_DIR also keeps msrun's worker_N.log (everything rank N printed), "
@@ -321,7 +330,8 @@ def build_parser(extra_args_provider=None, megatron_flags=True):
     Megatron-LM's flags that RapidGPT answers without defining them (rapidgpt/config/megatron_flags.py)."""
     parser = FlagParser(description="Megatron-style LLM training on MindSpore. Flags keep Megatron-LM's "
                                     "and Rapidformer's names.")
-    for add in (_model_args, add_architecture_args, add_bert_args, _batch_args, _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
+    for add in (_model_args, add_architecture_args, add_bert_args, _batch_args, add_batch_size_rampup_args,
+                _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
                 _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
                 add_zero_args, add_kernel_fusion_args, add_compile_cache_args, add_implementation_choice_args,
                 _launcher_args, _rapidformer_args,
@@ -452,6 +462,7 @@ def validate_args(args, world_size=1, check=None):
     for section in (_check_refused, _check_model, _check_launch, _check_layout, _check_schedule,
                     _check_data, _check_checkpointing, _check_task, _check_generation):
         section(args, check, world_size)
+    check_batch_size_rampup_args(args, check)
     check_bert_args(args, check)
     check_precision_args(args, check)
     check_recompute_args(args, check)
@@ -697,6 +708,7 @@ def _check_data(args, check, world_size):
                                  "merges.txt that goes with --vocab-file"):
             check.require(os.path.isfile(args.merge_file), f"--merge-file: {args.merge_file}: no such file; "
                                                            f"check the path")
+    check.messages += tiktoken_flag_problems(args)
     check.require(args.num_workers >= 0, f"--num-workers: must be >= 0, got {args.num_workers}")
 
 

@@ -112,6 +112,9 @@ class RapidGPTEngine:
             raise ArgumentError(f"--pipeline-model-parallel-size {self.args.pipeline_model_parallel_size}: "
                                 f"engine.compose runs a hand-written loop without pipeline stages; use a "
                                 f"Pretrainer for pipeline parallelism")
+        if self.args.rampup_batch_size is not None:
+            raise ArgumentError("--rampup-batch-size: engine.compose steps the batches the hand-written loop "
+                                "passes; use a Pretrainer for the ramp")
         if lr_scheduler is None and not self.args.train_iters:
             raise ArgumentError("--train-iters: engine.compose builds the LR schedule, which decays over "
                                 "--train-iters (or --train-samples); give one, or pass your lr_scheduler")

@@ -453,7 +453,7 @@ def test_timers_and_memory_go_to_tensorboard_as_megatron_writes_them(monkeypatch
     monkeypatch.setattr(reporting, "get_logger", lambda: SimpleNamespace(info=lines.append))
     monkeypatch.setattr(reporting, "get_timers", lambda: timers)
     monkeypatch.setattr(reporting, "get_tensorboard_writer",
-                        lambda: SimpleNamespace(add_scalar=lambda *scalar: scalars.append(scalar), flush=lambda: None))
+                        lambda: SimpleNamespace(add_scalar=lambda *scalar: scalars.append(scalar), close=lambda: None))
     monkeypatch.setattr(reporting, "is_console_rank", lambda: True)
     args = SimpleNamespace(no_progress_bar=True, log_interval=2, tensorboard_log_interval=4, global_batch_size=8,
                            timing_log_level=1, log_timers_to_tensorboard=True, log_memory_to_tensorboard=True)

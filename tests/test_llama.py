@@ -22,6 +22,8 @@ KINDS = {
     "qwen3": [*LLAMA, "--qk-layernorm", "--kv-channels", "12"],
     "neox": ["--position-embedding-type", "rope", "--rotary-percent", "0.5", "--rotary-interleaved",
              "--apply-layernorm-1p", "--group-query-attention", "--num-query-groups", "3"],
+    # Megatron's fp16 device: the same function (its fp16 behaviour: tests/test_mixed_precision.py)
+    "qk-layer-scaling": [*LLAMA, "--apply-query-key-layer-scaling"],
 }
 BASE = ["--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40",
         "--seq-length", "24", "--max-position-embeddings", "128", "--vocab-size", "100",

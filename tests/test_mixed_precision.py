@@ -1,7 +1,9 @@
 """Mixed precision (fp16 with Megatron's loss scaler), its checkpoints, and activation recompute,
 in one process. Multi-rank equivalence: tests/test_parallel.py."""
+import json
 import math
 import re
+from pathlib import Path
 
 import mindspore as ms
 import numpy as np
@@ -13,6 +15,7 @@ from rapidgpt.config.precision import PrecisionConfig
 from rapidgpt.optim import DynamicGradScaler, OptimizerWrapper, SGD
 from rapidgpt.tasks.pretraining import main as pretrain_main
 from rapidgpt.tasks.text_generation import main as generation_main
+from rapidgpt.training.checkpoint_files import find_checkpoint
 from rapidgpt.training.checkpointing import gathered_tensors
 from rapidgpt.training.step import TrainStep
 from tensorboard_events import scalars
@@ -23,7 +26,8 @@ TINY = ["--task", "pretraining", "--num-layers", "4", "--hidden-size", "32", "--
         "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "0", "--hidden-dropout", "0.1",
         "--attention-dropout", "0.1", "--no-progress-bar", "--max-new-tokens", "0", "--seed", "5"]
 LINE = re.compile(r" iteration\s+(\d+)/.*?\|(?: lm loss: ([\d.E+-]+) \|)? loss scale: ([\d.]+) \|"
-                  r"(?: grad norm: ([\d.]+) \|)? number of skipped iterations:\s+(\d+) \| number of nan iterations:\s+(\d+)")
+                  r"(?: grad norm: ([\d.]+) \|)?(?: num zeros: [\d.]+ \|)?(?: params norm: [\d.]+ \|)?"
+                  r" number of skipped iterations:\s+(\d+) \| number of nan iterations:\s+(\d+)")
 
 
 pytestmark = pytest.mark.usefixtures("demo_cache")          # tests/conftest.py
@@ -170,20 +174,35 @@ def assert_adam_continued(before, after, beta1=0.9, beta2=0.999):
 
 
 def test_fp16_resumes_exactly_and_its_checkpoints_are_precision_free(tmp_path, capsys):
+    """Also Megatron's --log-num-zeros-in-grad and --log-params-norm (both resume bit for bit): the
+    params norm is the fp32 main weights' (numpy, on the checkpoint); the zeros, counted on updated
+    iterations only, include every padded vocabulary row's gradient (their logits are masked).
+    Exact counts against numpy: tests/test_optim.py."""
     args = ["--train-iters", "24", "--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3",
-            "--lr-decay-iters", "40"]
-    full, _ = run(capsys, *args, "--tensorboard-dir", str(tmp_path / "full"))
+            "--lr-decay-iters", "40", "--log-num-zeros-in-grad", "--log-params-norm"]
+    full, out = run(capsys, *args, "--tensorboard-dir", str(tmp_path / "full"))
+    assert re.search(r"\| grad norm: [\d.]+ \| num zeros: \d+\.0 \| params norm: [\d.]+ \| number of skipped", out)
     save = str(tmp_path / "ckpt")
     run(capsys, *args, "--save", save, "--save-interval", "12", "--exit-interval", "12")
     resumed, _ = run(capsys, *args, "--load", save, "--save", save, "--tensorboard-dir", str(tmp_path / "resumed"))
     assert {i: full[i] for i in range(13, 25)} == resumed          # loss, scale, grad norm, to the digit
-    for tag in ("lm_loss", "loss-scale", "grad-norm"):               # and the float32 values, bit for bit
+    for tag in ("lm_loss", "loss-scale", "grad-norm", "num-zeros", "params-norm"):   # float32 values, bit for bit
         expected = {i: v for i, v in scalars(tmp_path / "full", tag).items() if i > 12}
         assert expected and scalars(tmp_path / "resumed", tag) == expected, tag
     assert len({line[1] for line in full.values()}) > 2            # the scale moved (grew) on the way
     weights = gathered_tensors(save)
     assert weights["layers.0.mlp.dense_h_to_4h.weight"].dtype == np.float32      # the fp32 main weights
     assert float(weights["grad_scaler.scale"]) == float(full[24][1])
+    model = {name: w for name, w in weights.items() if w.dtype == np.float32 and w.ndim > 0 and "." in name
+             and not name.startswith(("adam_", "grad_scaler"))}
+    norm = np.sqrt(sum((w.astype(np.float64) ** 2).sum() for w in model.values()))
+    assert scalars(tmp_path / "full", "params-norm")[24] == pytest.approx(norm, rel=1e-6)
+    embedding = weights["word_embeddings.weight"]
+    vocab_size = json.loads(Path(find_checkpoint(save), "metadata.json").read_text())["vocab_size"]
+    padded_elements = (embedding.shape[0] - vocab_size) * embedding.shape[1]
+    zeros = scalars(tmp_path / "full", "num-zeros")
+    assert all(count >= padded_elements for count in zeros.values())   # and fp16 gradients that underflowed
+    assert sorted(zeros) == [i for i, line in full.items() if line[3] == "0"] != list(range(1, 25))  # skipped: none
 
     # An fp16 checkpoint resumes in fp32 (its main weights and Adam state), and the reverse.
     as_fp32, _ = run(capsys, "--train-iters", "28", "--lr-decay-iters", "40", "--load", save,
@@ -292,3 +311,35 @@ def test_an_optimizer_that_cannot_be_rebuilt_over_fp32_main_parameters_is_refuse
                                                     "model_optimizer_lr_scheduler_provider cannot be rebuilt over "
                                                     "this rank's shard of the parameters"):
         wrap_optimizer(foreign, net, args)
+
+
+def test_query_key_layer_scaling_keeps_fp16_scores_finite_as_megatron():
+    """--apply-query-key-layer-scaling in layer 8 of an fp16 model: q k^T / sqrt(hn) exceeds fp16
+    (65504) where q k^T / (8 sqrt(hn)) does not, so the plain fp16 attention is not finite while
+    the scaled one (multiplied back by 8 in fp32, masked, softmax in fp32, as Megatron's
+    FusedScaleMaskSoftmax) gives the float64 attention within fp16 rounding."""
+    from rapidgpt.config.transformer import TransformerConfig
+    from rapidgpt.models.transformer import CoreAttention
+
+    rng = np.random.default_rng(3)
+    b, heads, s, hn = 1, 2, 4, 16
+    q = rng.uniform(60, 70, (b, heads, s, hn))        # q.k ~ 16 * 65^2 = 67600 > 65504 (fp16's largest)
+    k = rng.uniform(60, 70, (b, heads, s, hn)) * np.array([1, -1, 1, -1])[:, None]     # keys of both signs
+    v = rng.standard_normal((b, heads, s, hn))
+    mask = np.triu(np.ones((1, 1, s, s), bool), 1)
+    scores = np.einsum("bnqd,bnkd->bnqk", q, k) / math.sqrt(hn)
+    scores = np.where(mask, -10000.0, scores)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = np.einsum("bnqk,bnkd->bqnd", probs / probs.sum(-1, keepdims=True), v).reshape(b, s, heads * hn)
+
+    def attention(*flags):
+        args = parse_args(argv=["--task", "pretraining", "--num-layers", "8", "--hidden-size", "32",
+                                "--num-attention-heads", "2", "--attention-dropout", "0", "--train-iters", "1",
+                                "--fp16", *flags])
+        core = CoreAttention(TransformerConfig.from_args(args), hn, layer_number=8)
+        core.set_train(False)
+        return core(*(Tensor(x, ms.float16) for x in (q, k, v)), Tensor(mask)).asnumpy().astype(np.float64)
+
+    assert not np.isfinite(attention()).all()
+    scaled = attention("--apply-query-key-layer-scaling")
+    np.testing.assert_allclose(scaled, expected, rtol=0, atol=2e-2)

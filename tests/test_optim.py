@@ -384,3 +384,46 @@ def test_decoupled_lr_flags_are_checked_with_one_line_each(flags, message):
     with pytest.raises(ArgumentError) as error:
         validate_args(build_parser().parse_args(["--train-iters", "1", *flags]))
     assert message in error.value.problems, error.value.problems
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_count_zeros_counts_each_counted_gradient(jit):
+    """Megatron's count_zeros_fp32: the gradients another rank counts (a replicated parameter on
+    TP rank > 0) are left out, in a graph mixing counted and left-out ones as at TP=2."""
+    from rapidgpt.optim.clip_grads import count_zeros
+    grads, _ = clip_inputs()
+    for k, g in enumerate(grads):
+        g.reshape(-1)[: k + 2] = 0.0
+    tensors = ms.mutable(tuple(Tensor(g) for g in grads))
+    count = ms.jit(count_zeros) if jit else count_zeros
+    assert float(count(tensors)) == 2 + 3 + 4
+    assert float(count(tensors, None, (True, False, True))) == 2 + 4
+    assert float(count(tensors, None, (False, True, False))) == 3
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_zeros_and_params_norm_in_the_compiled_update_match_numpy(precision):
+    """Megatron's --log-num-zeros-in-grad and --log-params-norm as the compiled wrapper computes
+    them: the zeros of the gradients it is handed (exact count), and the norm of the main (fp32)
+    parameters after the AdamW update, not before (fp32: the update is then no longer mapped, so
+    the read is ordered after it)."""
+    from rapidgpt.config.precision import PrecisionConfig
+    from rapidgpt.optim import OptimizerWrapper
+    rng = np.random.default_rng(4)
+    params = [Parameter(Tensor(rng.standard_normal(s).astype(np.float32)).astype(getattr(ms, precision)), name=f"p{i}")
+              for i, s in enumerate([(6, 5), (5,), (3, 7)])]
+    wrapper = OptimizerWrapper.around(AdamW(params, lr=0.1, weight_decay=0.1), 1.0,
+                                      PrecisionConfig(params_dtype=precision, loss_scale=1.0))
+    wrapper.report(num_zeros_in_grad=True, params_norm=True)
+    assert not wrapper.optimizer.update_mapped
+    update = ms.jit(wrapper.construct)
+    for _ in range(2):
+        grads = [rng.standard_normal(p.shape).astype(np.float32) for p in params]
+        for g in grads:
+            g[rng.random(g.shape) < 0.4] = 0.0
+        before = math.sqrt(sum((m.asnumpy().astype(np.float64) ** 2).sum() for m in wrapper.main_params))
+        updated, _, _, zeros, params_norm = update(ms.mutable(tuple(Tensor(g).astype(p.dtype) for g, p in
+                                                                     zip(grads, params))), Tensor(0.1, ms.float32))
+        after = math.sqrt(sum((m.asnumpy().astype(np.float64) ** 2).sum() for m in wrapper.main_params))
+        assert bool(updated) and float(zeros) == sum(int((g == 0).sum()) for g in grads) > 0
+        assert float(params_norm) == pytest.approx(after, rel=1e-6) and abs(after - before) > 1e-3

@@ -28,7 +28,8 @@ import numpy as np
 import psutil
 import pytest
 
-from batched_runs import BatchedRuns, msrun
+from batched_runs import BatchedRuns, msrun, tensorboard_of
+from rapidgpt.tokenizer import padded_vocab_size
 from rapidgpt.training.checkpoint_files import checkpoint_problem, find_checkpoint
 from rapidgpt.training.checkpointing import gathered_tensors
 from tensorboard_events import scalars
@@ -39,7 +40,8 @@ TINY = ["--task", "pretraining", "--num-layers", "2", "--hidden-size", "32", "--
         "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "1e-3",
         "--lr-warmup-iters", "2", "--log-interval", "1", "--eval-interval", "6", "--eval-iters", "2",
         "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--no-progress-bar", "--max-new-tokens", "0",
-        "--train-iters", "12", "--seed", "3", "--make-vocab-size-divisible-by", "96"]
+        "--train-iters", "12", "--seed", "3", "--make-vocab-size-divisible-by", "96",
+        "--log-num-zeros-in-grad", "--log-params-norm"]         # checked by assert_same_statistics
 VALUES = re.compile(r"((?:lm )?loss(?: value)?|grad norm): ([\d.E+-]+)")      # a Finetuner logs "loss"
 FP16 = ("--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3")
 SCALES = re.compile(r" iteration\s+(\d+)/.*?\| loss scale: ([\d.]+) \|.*?number of skipped iterations:\s+(\d+)")
@@ -127,6 +129,31 @@ def checkpoint_of(save, iteration, folder):
     return str(folder)
 
 
+def assert_same_statistics(save, reference_save, tp, vocab_size, num_layers=2):
+    """--log-params-norm's TensorBoard scalar within 1e-5 of the single process's at every
+    iteration; --log-num-zeros-in-grad's the same once the zero gradients of the padded vocabulary
+    rows are taken off (TP=2 pads to a multiple of 2 x --make-vocab-size-divisible-by: more rows),
+    give or take the key biases: their gradient is zero in exact arithmetic (see
+    assert_same_weights), so whether one comes out exactly 0.0 depends on the summation order
+    (measured: one in one process at iteration 11, none at TP=2). A parameter counted twice, or
+    not at all, moves the count by thousands."""
+    hidden = int(TINY[TINY.index("--hidden-size") + 1])
+
+    def statistics(save, tp):
+        padding = (padded_vocab_size(vocab_size, int(TINY[TINY.index("--make-vocab-size-divisible-by") + 1]), tp)
+                   - vocab_size) * hidden
+        zeros = {i: count - padding for i, count in scalars(tensorboard_of(save), "num-zeros").items()}
+        return scalars(tensorboard_of(save), "params-norm"), zeros
+    norms, zeros = statistics(save, tp)
+    expected_norms, expected_zeros = statistics(reference_save, 1)
+    assert sorted(norms) == sorted(expected_norms) == list(range(1, 13)) and sorted(zeros) == sorted(expected_zeros)
+    key_biases = num_layers * hidden
+    for i, count in zeros.items():
+        assert abs(count - expected_zeros[i]) <= key_biases, (i, count, expected_zeros[i])
+    for i, norm in norms.items():
+        assert norm == pytest.approx(expected_norms[i], rel=1e-5), (i, norm, expected_norms[i])
+
+
 def assert_same_weights(tensors, reference, vocab_size):
     """Every model weight equal within 1e-5 and every optimizer tensor within 1e-5 of its largest
     magnitude; vocabulary-padded tensors (their padding differs between TP sizes) compared on the
@@ -169,6 +196,7 @@ def test_parallel_run_reproduces_the_single_process_run(runs, nproc, tp, flags):
     assert_same_run(found, reference)
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
+    assert_same_statistics(save, single_save, tp, vocab_size)
 
 
 @pytest.mark.parametrize("nproc,tp", [(2, 1)], ids=["dp2"])      # fp16 with TP: tests/test_zero.py (TP=2 x DP=2

@@ -25,7 +25,8 @@ from rapidgpt.training.model_transforms import ModelTransformError, prepare_mode
 from rapidgpt.mindspore_private import autograd_recording
 from rapidgpt.training.pipeline_schedules import StageForward, _backward
 from test_parallel import (FP16, SCALES, TINY, assert_close_run, assert_layout, assert_same_pieces, assert_same_run,
-                           assert_same_weights, checkpoint_of, convert_checkpoint, msrun, single, skipped, values)
+                           assert_same_statistics, assert_same_weights, checkpoint_of, convert_checkpoint, msrun,
+                           single, skipped, values)
 
 UP = {"recv_forward": "F", "send_backward": "B", "send_backward_recv_forward": "FB"}
 DOWN = {"send_forward": "F", "recv_backward": "B", "send_forward_recv_backward": "FB"}
@@ -119,6 +120,8 @@ def test_pipeline_reproduces_one_process(pipeline_runs, nproc, layout):
     assert_same_run(found, reference)
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
+    assert_same_statistics(save, single_save, int(flags.get("--tensor-model-parallel-size", 1)), vocab_size,
+                           num_layers=int(FOUR_LAYERS[FOUR_LAYERS.index("--num-layers") + 1]))
 
 
 def test_rank_0_prints_its_parameters_and_the_memory_estimate(pipeline_runs):

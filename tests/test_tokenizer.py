@@ -4,8 +4,10 @@ The BPE vocabulary is trained here on the English docs of `pydoc_data.topics`, a
 tokenizer is checked token for token against two independent implementations: GPT-2's
 original readable algorithm (written below) and HF tokenizers' Rust ByteLevelBPETokenizer.
 """
+import base64
 import json
 import os
+import shutil
 import sys
 from collections import Counter
 from types import SimpleNamespace
@@ -520,3 +522,230 @@ def test_null_tokenizer_from_preprocessing_to_the_training_flags(tmp_path, capsy
                          "--tokenizer-type", "NullTokenizer"])
     assert ("--vocab-size: required for --tokenizer-type NullTokenizer (the data's token ids are below it); give "
             "--vocab-size N") in capsys.readouterr().err
+
+
+# ---- TikTokenizer: a tiktoken vocabulary .json (Megatron's, through the optional tiktoken library) ------
+
+MEGATRON_SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>"]
+TIKTOKEN_TEXTS = EDGE_CASES + TOPIC_TEXTS[:3] + [
+    "HelloWorld and getValue() in camelCase",
+    "the end.</s><s>the next document<pad><pad>",
+    "<|im_start|>user\nhi<SPECIAL_9></s",
+    "digits 0123456789, ٣٤٥ and ½ of 2026",
+    "tabs\tand\r\nwindows line ends\r\n\r\n  ",
+    "mixed 한국어 Ελληνικά русский العربية",
+    "naïve café — 日本語のテキスト\n\n\n",
+]
+
+
+class MegatronTikToken:
+    """A port of Megatron-LM's TikTokenTokenizer (megatron/core/tokenizers/text/libraries/
+    tiktoken_tokenizer.py, d98e8a6) with the arguments its build_tokenizer gives it: the reference."""
+
+    PATTERNS = {    # _PATTERN_TIKTOKEN_V1 and _V2
+        "v1": r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
+        "v2": "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}"
+              "\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
+              "[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    }
+
+    def __init__(self, path, special_tokens=None, num_special_tokens=1000, pattern="v2", vocab_size=2 ** 17):
+        import tiktoken
+        special_tokens = special_tokens or MEGATRON_SPECIAL_TOKENS
+        self.bos, self.eod, self.pad = (special_tokens.index(t) for t in ("<s>", "</s>", "<pad>"))
+        special_tokens = special_tokens + [f"<SPECIAL_{i}>" for i in range(len(special_tokens), num_special_tokens)]
+        with open(path) as f:
+            vocab = json.load(f)[:vocab_size - num_special_tokens]
+        ranks = {base64.b64decode(x["token_bytes"]): x["rank"] + num_special_tokens for x in vocab}
+        self.vocab_size = vocab_size
+        self.encoding = tiktoken.Encoding(name="reference", pat_str=self.PATTERNS[pattern], mergeable_ranks=ranks,
+                                          special_tokens={t: i for i, t in enumerate(special_tokens)})
+
+    def text_to_ids(self, text):
+        return self.encoding.encode(text, allowed_special="all")
+
+    def ids_to_text(self, ids):
+        return self.encoding.decode(ids)
+
+
+@pytest.fixture(scope="module")
+def tiktoken_json(tmp_path_factory):
+    """(path, number of tokens) of a tiktoken vocabulary: the 256 bytes, 48 byte-level BPE merges
+    learned on docs and multi-byte text, then a hand-made chain to HelloWorld, which only v1 keeps
+    in one piece (v2 cuts before a capital)."""
+    texts = TOPIC_TEXTS[:20] + ["naïve café 日本語のテキスト 2026 😀"] * 200
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    _, merges = train_byte_level_bpe(texts, 256 + 1 + 48)
+    learned = [bytes(byte_of[c] for c in a + b) for a, b in merges]
+    tokens = [bytes([i]) for i in range(256)] + learned + [b"He", b"Hel", b"Hello", b"Wor", b"World", b"HelloWorld"]
+    assert len(set(tokens)) == len(tokens) == 256 + 48 + 6
+    path = tmp_path_factory.mktemp("tiktoken") / "vocab.json"
+    path.write_text(json.dumps([{"rank": i, "token_bytes": base64.b64encode(t).decode("ascii"),
+                                 "token_str": t.decode("utf-8", errors="replace")} for i, t in enumerate(tokens)]))
+    return str(path), len(tokens)
+
+
+def tiktoken_flags(path, *flags):
+    """The tokenizer preprocess_data.py builds from TikTokenizer `flags` (Megatron's defaults for the others)."""
+    from rapidgpt.data.preprocess import get_args
+    return build_tokenizer(get_args(["--input", "-", "--output-prefix", "-", "--tokenizer-type", "TikTokenizer",
+                                     "--tokenizer-model", path, *flags]))
+
+
+@pytest.mark.parametrize("flags, reference, merges", [
+    ([], {}, None),
+    (["--tiktoken-pattern", "v1", "--tiktoken-num-special-tokens", "12", "--tokenizer-special-tokens", "<s>", "</s>",
+      "<|im_start|>", "<unk>", "<mask>", "<cls>", "<pad>", "<sep>"],
+     {"pattern": "v1", "num_special_tokens": 12,
+      "special_tokens": ["<s>", "</s>", "<|im_start|>", "<unk>", "<mask>", "<cls>", "<pad>", "<sep>"]}, None),
+    (["--tiktoken-pattern", "v2", "--tiktoken-num-special-tokens", "7"], {"num_special_tokens": 7}, 20),
+], ids=["defaults", "v1-own-special-tokens", "cut-vocabulary"])
+def test_tiktokenizer_is_megatrons(tiktoken_json, flags, reference, merges):
+    """The ids, text back, and special ids of Megatron's TikTokenizer with the same flags, on text with
+    unicode, digits, whitespace runs and special tokens written out; --vocab-size takes the whole
+    vocabulary, or its bytes and first `merges` merges."""
+    path, size = tiktoken_json
+    num_special = reference.get("num_special_tokens", 1000)
+    vocab_size = num_special + (size if merges is None else 256 + merges)
+    ours = tiktoken_flags(path, *flags, "--vocab-size", str(vocab_size))
+    theirs = MegatronTikToken(path, vocab_size=vocab_size, **reference)
+    assert (ours.vocab_size, ours.eod, ours.bos, ours.pad) == (theirs.vocab_size, theirs.eod, theirs.bos, theirs.pad)
+    for text in TIKTOKEN_TEXTS:
+        ids = ours.tokenize(text)
+        assert ids == theirs.text_to_ids(text), text
+        assert ours.detokenize(ids) == theirs.ids_to_text(ids) == text, text
+        assert all(0 <= i < vocab_size for i in ids)
+    docs = "".join(TOPIC_TEXTS[:3])
+    assert len(ours.tokenize(docs)) < 0.85 * len(docs.encode("utf-8"))          # merges happen
+    assert ours.tokenize("a") == [num_special + ord("a")]
+    assert ours.tokenize("the end.</s><s>")[-2:] == [ours.eod, ours.bos]
+    if not flags:
+        assert (ours.eod, ours.bos, ours.pad) == (2, 1, 4)
+    if "<|im_start|>" in flags:                          # the given special tokens, then fillers up to 12
+        assert ours.tokenize("<|im_start|><SPECIAL_9>") == [2, 9] and (ours.eod, ours.bos, ours.pad) == (1, 0, 6)
+
+
+def test_tiktoken_patterns_v1_and_v2(tiktoken_json):
+    """v1 keeps a run of letters whole, v2 (Megatron's default) cuts it before a capital."""
+    path, size = tiktoken_json
+    v1, v2, default = (tiktoken_flags(path, *flags, "--vocab-size", str(1000 + size))
+                       for flags in (["--tiktoken-pattern", "v1"], ["--tiktoken-pattern", "v2"], []))
+    assert len(v1.tokenize("HelloWorld")) == 1
+    assert v2.tokenize("HelloWorld") == v2.tokenize("Hello") + v2.tokenize("World") == default.tokenize("HelloWorld")
+    assert len(v2.tokenize("HelloWorld")) == 2
+    for text in ("the cat and the dog in a line\n", TOPIC_TEXTS[0].lower()):
+        assert v1.tokenize(text) == v2.tokenize(text)
+
+
+def test_tiktoken_from_preprocessing_to_the_training_flags(tiktoken_json, tmp_path, capsys):
+    """preprocess_data.py writes Megatron's ids (and its EOD); the training flags take the same
+    TikTokenizer flags, each problem in one line naming its flag."""
+    from rapidgpt.arguments import parse_args
+    from rapidgpt.data.indexed_dataset import IndexedDataset
+    from rapidgpt.data.preprocess import main as preprocess
+    path, size = tiktoken_json
+    texts = TIKTOKEN_TEXTS[-6:]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    flags = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", path, "--vocab-size", str(1000 + size)]
+    assert preprocess(["--input", str(corpus), "--output-prefix", str(tmp_path / "tik"), *flags, "--append-eod",
+                       "--no-progress-bar"]) == 0
+    theirs = MegatronTikToken(path, vocab_size=1000 + size)
+    data = IndexedDataset(str(tmp_path / "tik_text_document"))
+    assert [list(data[i]) for i in range(len(data))] == [theirs.text_to_ids(text) + [2] for text in texts]
+    assert preprocess(["--input", str(corpus), "--output-prefix", str(tmp_path / "bad"), *flags[:-2],
+                       "--no-progress-bar"]) == 1
+    assert (f"preprocess_data: error: --vocab-size: {path} holds {size} tokens, fewer than --vocab-size 131072 minus "
+            f"the 1000 --tiktoken-num-special-tokens; give --vocab-size {size + 1000} or less"
+            ) in capsys.readouterr().err
+
+    base = ["--task", "pretraining", "--train-iters", "2", "--data-path", str(tmp_path / "tik_text_document")]
+    args = parse_args(argv=base + flags)
+    assert build_tokenizer(args).tokenize(texts[0]) == theirs.text_to_ids(texts[0])
+    missing = str(tmp_path / "missing.json")
+    seven = list(MEGATRON_SPECIAL_TOKENS)
+    for given, message in [
+        (["--tokenizer-model", missing],
+         f"--tokenizer-model: {missing}: no such file; give the tiktoken vocabulary .json"),
+        (["--tokenizer-model", path, "--tiktoken-pattern", "v3"],
+         "--tiktoken-pattern: 'v3' is not one of the choices; choose one of v1, v2"),
+        (["--tokenizer-model", path, "--tokenizer-special-tokens", *seven[:-1]],
+         "--tokenizer-special-tokens: <sep> missing; the list must hold <unk> <s> </s> <mask> <pad> <cls> <sep>"),
+        (["--tokenizer-model", path, "--tokenizer-special-tokens", *seven, "</s>"],
+         "--tokenizer-special-tokens: </s> appears twice"),
+        (["--tokenizer-model", path, "--tiktoken-num-special-tokens", "5"],
+         "--tiktoken-num-special-tokens: 5 is fewer than the 7 --tokenizer-special-tokens; give at least 7"),
+        (["--tokenizer-model", path, "--tiktoken-num-special-tokens", "2000"],
+         f"--tiktoken-num-special-tokens: 2000 special tokens leave 0 ids below --vocab-size {1000 + size}, fewer "
+         f"than the vocabulary's 256 single bytes; give --vocab-size 2256 or more"),
+    ]:
+        with pytest.raises(SystemExit):
+            parse_args(argv=base + ["--tokenizer-type", "TikTokenizer", "--vocab-size", str(1000 + size), *given])
+        err = capsys.readouterr().err
+        assert f"rapidgpt: error: {message}" in err and err.count("rapidgpt: error:") == 1, err
+    with pytest.raises(SystemExit):
+        parse_args(argv=base + ["--tokenizer-type", "NullTokenizer", "--vocab-size", "10", "--tokenizer-special-tokens",
+                                *seven])
+    assert ("rapidgpt: error: --tokenizer-special-tokens: only --tokenizer-type TikTokenizer reads it here; remove "
+            "it") in capsys.readouterr().err
+
+
+def test_tiktoken_is_imported_only_to_build_the_tokenizer(tiktoken_json, monkeypatch):
+    """The flags are checked without importing tiktoken; without the library, the flag check and
+    build_tokenizer say in one line how to install it."""
+    from rapidgpt.arguments import build_parser, validate_args
+    from rapidgpt.flag_parser import ArgumentError
+    from rapidgpt.tokenizer.tiktoken_tokenizer import TikTokenError
+    path, size = tiktoken_json
+    flags = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", path, "--vocab-size", str(1000 + size),
+             "--train-iters", "1"]
+    monkeypatch.delitem(sys.modules, "tiktoken", raising=False)
+    args = validate_args(build_parser().parse_args(flags))
+    assert "tiktoken" not in sys.modules
+    monkeypatch.setitem(sys.modules, "tiktoken", None)        # as if it were not installed
+    message = "--tokenizer-type TikTokenizer needs the `tiktoken` library; pip install tiktoken (or rapidgpt[tiktoken])"
+    with pytest.raises(ArgumentError) as error:
+        validate_args(build_parser().parse_args(flags))
+    assert error.value.problems == [f"--tokenizer-model: {message}"]
+    with pytest.raises(TikTokenError) as error:
+        build_tokenizer(args)
+    assert str(error.value) == message
+
+
+def test_a_tiktoken_checkpoint_generates_with_no_tokenizer_flags(tiktoken_json, tmp_path, capsys, demo_cache):
+    """A run trained with TikTokenizer saves a checkpoint that carries the vocabulary and records the
+    TikTokenizer flags: text generation from it needs none of them, after the original file is gone."""
+    from rapidgpt.arguments import parse_args
+    from rapidgpt.data.preprocess import main as preprocess
+    from rapidgpt.tasks.pretraining import main as pretrain_main
+    from rapidgpt.tasks.text_generation import main as generation_main
+    from rapidgpt.training.checkpoint_files import find_checkpoint, read_metadata
+    path, size = tiktoken_json
+    vocabulary = tmp_path / "vocab.json"
+    shutil.copy(path, vocabulary)
+    special = ["<s>", "</s>", "<|im_start|>", "<unk>", "<mask>", "<cls>", "<pad>", "<sep>"]
+    flags = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", str(vocabulary), "--tiktoken-pattern", "v1",
+             "--tiktoken-num-special-tokens", "12", "--tokenizer-special-tokens", *special,
+             "--vocab-size", str(12 + size)]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in TOPIC_TEXTS[:20]))
+    assert preprocess(["--input", str(corpus), "--output-prefix", str(tmp_path / "tik"), *flags, "--append-eod",
+                       "--no-progress-bar"]) == 0
+    save = str(tmp_path / "ckpt")
+    assert pretrain_main(["--task", "pretraining", "--num-layers", "1", "--hidden-size", "16", "--num-attention-heads",
+                          "2", "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "2", "--eval-iters",
+                          "0", "--no-progress-bar", "--max-new-tokens", "0", "--data-path",
+                          str(tmp_path / "tik_text_document"), "--save", save, *flags]) == 0
+    os.remove(vocabulary)
+    checkpoint = find_checkpoint(save)
+    recorded = read_metadata(checkpoint)["model"]
+    assert (recorded["tiktoken_pattern"], recorded["tiktoken_num_special_tokens"], recorded["special_tokens"],
+            recorded["vocab_size"]) == ("v1", 12, special, 12 + size)
+    assert recorded["tokenizer_model"] == os.path.join(checkpoint, "vocab.json")
+    reloaded = build_tokenizer(parse_args(argv=["--task", "text_generation", "--load", save, "--prompt", "x"]))
+    theirs = MegatronTikToken(path, special, 12, "v1", 12 + size)
+    for text in TIKTOKEN_TEXTS:
+        assert reloaded.tokenize(text) == theirs.text_to_ids(text), text
+    capsys.readouterr()
+    assert generation_main(["--load", save, "--prompt", "HelloWorld</s>", "--max-new-tokens", "3"]) == 0
+    assert "continuation:" in capsys.readouterr().out

@@ -20,8 +20,8 @@ from rapidgpt.parallel.data_parallel import ShardPlan
 from rapidgpt.theoretical_memory import GPTShape, RunLayout, estimate
 from rapidgpt.tokenizer import padded_vocab_size
 from rapidgpt.training.checkpointing import gathered_tensors
-from test_parallel import (FP16, SCALES, TINY, assert_close_run, assert_layout, assert_same_run, assert_same_weights,
-                           checkpoint_of, convert_checkpoint, single, skipped, values)
+from test_parallel import (FP16, SCALES, TINY, assert_close_run, assert_layout, assert_same_run, assert_same_statistics,
+                           assert_same_weights, checkpoint_of, convert_checkpoint, single, skipped, values)
 
 ZERO1 = ("--zero-1-memory-optimization",)
 ZERO2 = ("--zero-2-memory-optimization",)
@@ -94,6 +94,7 @@ def test_zero_reproduces_the_single_process_run(runs, nproc, tp, layout, stage):
     assert_same_run(found, reference)
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
+    assert_same_statistics(save, single_save, tp, vocab_size)
 
 
 @pytest.mark.parametrize("optimizer", [(), ("--optimizer", "sgd")], ids=["adam", "sgd-momentum"])
@@ -324,10 +325,19 @@ def assert_steps_alike(plain, sharded, flat_grads):
     import mindspore as ms
     import numpy as np
     rng = np.random.default_rng(0)
+    for wrapper in (plain, sharded):
+        wrapper.report(num_zeros_in_grad=True, params_norm=True)
     for _ in range(3):
-        grads = tuple(ms.Tensor(rng.standard_normal(p.shape), ms.float16) for p in plain.parameters)
-        plain(grads, ms.Tensor(1e-2, ms.float32))
-        sharded(tuple(g.reshape(-1) for g in grads) if flat_grads else grads, ms.Tensor(1e-2, ms.float32))
+        grads = [rng.standard_normal(p.shape) for p in plain.parameters]
+        for g in grads:
+            g[rng.random(g.shape) < 0.3] = 0.0          # --log-num-zeros-in-grad counts these
+        grads = tuple(ms.Tensor(g, ms.float16) for g in grads)
+        _, _, _, zeros, params_norm = plain(grads, ms.Tensor(1e-2, ms.float32))
+        found = sharded(tuple(g.reshape(-1) for g in grads) if flat_grads else grads, ms.Tensor(1e-2, ms.float32))
+        assert float(zeros) == float(found[3]) == sum(int((g.asnumpy() == 0).sum()) for g in grads)
+        main = np.sqrt(sum((p.asnumpy().astype(np.float64) ** 2).sum() for p in plain.main_params))
+        assert float(params_norm) == pytest.approx(main, rel=1e-6)      # the main (fp32) weights after the update
+        assert float(found[4]) == pytest.approx(main, rel=1e-6)
     expected, found = plain.checkpoint_tensors(True), sharded.checkpoint_tensors(True)
     assert sorted(expected) == sorted(found)
     for name, tensor in expected.items():

@@ -227,8 +227,7 @@ REFUSED = [
       "--activation-func-clamp-value"), ()),
     ("this attention variant is not built (softmax attention, with --qk-layernorm, --add-qkv-bias and "
      "--group-query-attention)",
-     ("--qk-l2-norm", "--qk-clip", "--qk-clip-*", "--attention-output-gate", "--softmax-type",
-      "--apply-query-key-layer-scaling"), ()),
+     ("--qk-l2-norm", "--qk-clip", "--qk-clip-*", "--attention-output-gate", "--softmax-type"), ()),
     ("hyper-connections (mHC) are not built", ("--enable-mhc-connections", "--mhc-*"), ()),
     ("this residual and norm placement is not built (pre-norm residuals in the model's dtype)",
      ("--apply-residual-connection-post-layernorm", "--fp32-residual-connection"), ()),
@@ -282,15 +281,15 @@ REFUSED = [
     ("this vocabulary-size option is not built (the vocabulary is padded to --make-vocab-size-divisible-by x TP)",
      ("--padded-vocab-size", "--no-pad-vocab-size"), ()),
     ("this tokenizer option is not built (--tokenizer-type with --vocab-file/--merge-file or --tokenizer-model)",
-     ("--tokenizer-metadata", "--tokenizer-special-tokens", "--tiktoken-*", "--tokenizer-sentencepiece-legacy",
+     ("--tokenizer-metadata", "--tokenizer-sentencepiece-legacy",
       "--no-tokenizer-sentencepiece-ignore-extra-whitespaces", "--tokenizer-hf-*", "--trust-remote-code",
       "--null-tokenizer-*", "--use-gigatoken", "--chat-template"), ()),
     ("instruction finetuning (--sft) is not built yet", ("--sft", "--sft-tokenizer-prompt-format"), ("sft",)),
     ("this logging option is not built (the iteration line, --log-throughput, --timing-log-level and "
      "--tensorboard-dir)",
-     ("--log-params-norm", "--log-progress", "--no-log-loss-scale-to-tensorboard",
+     ("--log-progress", "--no-log-loss-scale-to-tensorboard",
       "--log-memory-interval",
-      "--log-device-memory-used", "--log-num-zeros-in-grad", "--no-barrier-with-level-1-timing",
+      "--log-device-memory-used", "--no-barrier-with-level-1-timing",
       "--log-world-size-to-tensorboard", "--logging-level", "--log-energy", "--log-max-attention-logit"), ()),
     ("Megatron's experimental switches and YAML configuration are not built (flags only)",
      ("--enable-experimental", "--yaml-cfg"), ()),
@@ -302,8 +301,6 @@ REFUSED = [
     ("Megatron's old spelling of --position-embedding-type none: use that", ("--no-position-embedding",), ()),
     ("heterogeneous layer configurations (per-layer shapes) are not built", (),
      ("heterogeneous architecture",)),
-    ("Megatron's batch-size ramp-up is not built yet: give a constant --global-batch-size",
-     ("--rampup-batch-size",), ()),
 ]
 
 

@@ -95,6 +95,10 @@ def add_precision_args(parser):
                         f"counted since the last growth on (default {DEFAULT_HYSTERESIS})")
     g.add_argument("--attention-softmax-in-fp32", action="store_true",
                    help="16-bit runs: compute the attention softmax in fp32 (otherwise in 16-bit, as Megatron)")
+    g.add_argument("--apply-query-key-layer-scaling", action="store_true",
+                   help="Megatron's: layer L's attention scores q k^T are computed divided by L more (they overflow "
+                        "fp16 later) and multiplied back by L in fp32 before the mask and softmax; implies "
+                        "--attention-softmax-in-fp32")
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true",
                    help="fp16 runs: sum micro-batch gradients and average them over data-parallel ranks in "
                         "fp32 (bf16 does unless --grad-reduce-in-bf16)")
@@ -108,6 +112,8 @@ def check_precision_args(args, check):
     defaults and set `args.precision` (a PrecisionConfig)."""
     if args.mixed_precision:
         args.fp16 = True
+    if args.apply_query_key_layer_scaling:      # Megatron's rule: the scaled scores go back up in fp32
+        args.attention_softmax_in_fp32 = True
     check.require(not (args.fp16 and args.bf16), "--bf16: give either --fp16 (or --mixed-precision) or --bf16, "
                                                  "not both")
     half = args.fp16 or args.bf16

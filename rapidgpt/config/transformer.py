@@ -151,6 +151,7 @@ class TransformerConfig:
     init_method_std: float = 0.02
     layernorm_epsilon: float = 1e-5
     attention_softmax_in_fp32: bool = False
+    apply_query_key_layer_scaling: bool = False
     position_embedding_type: str = "learned_absolute"
     rotary_base: int = 10000
     rotary_percent: float = 1.0

@@ -31,6 +31,7 @@ from rapidgpt.data.indexed_dataset import (IndexedDatasetBuilder, best_fitting_d
                                            data_file_path, index_file_path)
 from rapidgpt.tokenizer import TOKENIZER_MODEL_HELP, TOKENIZER_TYPES, build_tokenizer
 from rapidgpt.tokenizer.null_tokenizer import EOD_HELP as NULL_EOD_HELP, NullTokenizerError
+from rapidgpt.tokenizer.tiktoken_tokenizer import add_tiktoken_args, flag_problems as tiktoken_flag_problems
 from rapidgpt.utils import bounded_imap
 
 
@@ -62,8 +63,11 @@ def get_args(argv=None):
     group.add_argument("--tokenizer-model", default=None, metavar="PATH", help=TOKENIZER_MODEL_HELP)
     group.add_argument("--vocab-file", default=None)
     group.add_argument("--merge-file", default=None)
-    group.add_argument("--vocab-size", type=int, default=None, help="NullTokenizer: the token ids are below it")
+    group.add_argument("--vocab-size", type=int, default=None,
+                       help="NullTokenizer: the token ids are below it; TikTokenizer: its vocabulary size "
+                            "(default 131072)")
     group.add_argument("--null-tokenizer-eod-id", type=int, default=None, help=NULL_EOD_HELP)
+    add_tiktoken_args(group)
     group.add_argument("--append-eod", action="store_true",
                        help="append the end-of-document token to every document")
     group = parser.add_argument_group("output data")
@@ -83,6 +87,9 @@ def get_args(argv=None):
         parser.error(f"--workers must be at least 1, got {args.workers}")
     if args.input_format == "text" and args.json_keys != ["text"]:
         parser.error("--json-keys applies to jsonl input; plain text gives the single key 'text'")
+    problems = tiktoken_flag_problems(args)
+    if problems:
+        parser.error(problems[0])
     return args
 
 

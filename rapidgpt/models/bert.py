@@ -52,12 +52,13 @@ def bert_config(config):
 
 
 class BertLayer(nn.Cell):
-    """One post-LayerNorm encoder layer: `(x [b, s, h], padding mask [b, 1, 1, s] True = hidden) -> [b, s, h]`."""
+    """One post-LayerNorm encoder layer: `(x [b, s, h], padding mask [b, 1, 1, s] True = hidden) -> [b, s, h]`;
+    `layer_number`: its place in the model, from 1."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_number=1):
         super().__init__()
         eps = config.layernorm_epsilon
-        self.self_attention = ParallelAttention(config)
+        self.self_attention = ParallelAttention(config, layer_number)
         self.post_attention_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
         self.mlp = ParallelMLP(config)
         self.post_mlp_layernorm = LayerNorm((config.hidden_size,), epsilon=eps)
@@ -110,7 +111,7 @@ class BertModel(LanguageModelStage):
             self.tokentype_embeddings = ReplicatedEmbedding(NUM_TOKENTYPES, h, std)
             self.embedding_layernorm = LayerNorm((h,), epsilon=config.layernorm_epsilon)
             self.embedding_dropout = Dropout(config.hidden_dropout)
-        self.layers = TransformerLayers(OrderedDict((str(i), BertLayer(config)) for i in self.stage_layers))
+        self.layers = TransformerLayers(OrderedDict((str(i), BertLayer(config, i + 1)) for i in self.stage_layers))
         if self.post_process:
             self.pooler = ReplicatedLinear(h, h, init_std=std)
             if add_lm_head:

@@ -91,7 +91,8 @@ class GPTModel(LanguageModelStage):
                 self.scatter_sequence = SubCell(ScatterToSequenceParallelRegion())
             self.embedding_dropout = Dropout(config.hidden_dropout, partition_dim=1 if sp else None)
         self.rotary = RotaryEmbedding(config) if config.position_embedding_type == "rope" else None
-        self.layers = TransformerLayers(OrderedDict((str(i), ParallelTransformerLayer(config)) for i in self.stage_layers))
+        self.layers = TransformerLayers(OrderedDict((str(i), ParallelTransformerLayer(config, i + 1))
+                                                   for i in self.stage_layers))
         if self.post_process:
             self.final_layernorm = build_norm(config, h, summed_over_tp=sp)
             if sp:       # the output layer's copy_to_region sums the gradient: the gather only splits it

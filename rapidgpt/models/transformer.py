@@ -17,7 +17,7 @@ normalised over hn, then rotated (RoPE, rapidgpt/models/rotary.py); the core att
 cell, what selective recompute recomputes): scores `q k^T / sqrt(hn)` get the causal mask (and,
 with --reset-attention-mask, the batch's document mask) filled with -10000 as Megatron does,
 softmax (in fp32 for fp32 models and with --attention-softmax-in-fp32, else in the model's 16-bit
-dtype, as Megatron), attention dropout, probabilities x values; then the RowParallelLinear output
+dtype, as Megatron; --apply-query-key-layer-scaling: see CoreAttention), attention dropout, probabilities x values; then the RowParallelLinear output
 projection np * hn -> h. Dropout is rapidgpt.parallel.random.Dropout: its masks survive a resume
 and do not depend on the TP layout.
 
@@ -68,18 +68,27 @@ def mask_scores(scores, mask):
 
 class CoreAttention(nn.Cell):
     """Softmax attention of q `[b, np, sq, hn]` over k, v `[b, np, sk, hn]`; mask True = hidden.
-    Returns the context `[b, sq, np*hn]`. No parameters: selective recompute recomputes exactly this."""
+    Returns the context `[b, sq, np*hn]`. No parameters: selective recompute recomputes exactly this.
 
-    def __init__(self, config, head_dim):
+    With --apply-query-key-layer-scaling (Megatron's, for fp16) layer `layer_number` (1-based)
+    computes the scores divided by layer_number more, then multiplies them back in fp32 before the
+    mask and the softmax, as Megatron's FusedScaleMaskSoftmax with `scale=coeff`: the same
+    probabilities, with products that overflow fp16 only layer_number times later."""
+
+    def __init__(self, config, head_dim, layer_number=1):
         super().__init__()
         self.attention_dropout = Dropout(config.attention_dropout, partition_dim=1)   # heads are split
         self.scores = ops.BatchMatMul(transpose_b=True)
-        self.scale = 1.0 / math.sqrt(head_dim)
+        self.coeff = layer_number if config.apply_query_key_layer_scaling else None
+        self.scale = 1.0 / (math.sqrt(head_dim) * (self.coeff or 1))
         self.softmax_in_fp32 = config.attention_softmax_in_fp32
 
     def construct(self, q, k, v, mask):
         b, _, sq, _ = q.shape
-        scores = mask_scores(self.scores(q, k) * self.scale, mask)                   # [b, np, sq, sk]
+        if self.coeff is None:
+            scores = mask_scores(self.scores(q, k) * self.scale, mask)                 # [b, np, sq, sk]
+        else:       # q scaled before the 16-bit product: Megatron's GEMM applies the factor as it accumulates
+            scores = mask_scores(self.scores(q * self.scale, k).astype(ms.float32) * self.coeff, mask)
         if self.softmax_in_fp32:
             scores = scores.astype(ms.float32)
         probs = self.attention_dropout(ops.softmax(scores, axis=-1).astype(v.dtype))
@@ -104,9 +113,10 @@ def constant_causal_mask(positions):
 
 
 class ParallelAttention(nn.Cell):
-    """Self-attention over `x` `[b, s, h]` -> `[b, s, h]` (module docstring: layout, GQA, RoPE)."""
+    """Self-attention over `x` `[b, s, h]` -> `[b, s, h]` (module docstring: layout, GQA, RoPE) of
+    layer `layer_number` (1-based, global: what --apply-query-key-layer-scaling reads)."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_number=1):
         super().__init__()
         tp = get_tensor_model_parallel_world_size()
         self.heads_per_rank = divide(config.num_attention_heads, tp, "number of attention heads")
@@ -125,7 +135,7 @@ class ParallelAttention(nn.Cell):
             self.q_layernorm = build_norm(config, hn, summed_over_tp=True)
             self.k_layernorm = build_norm(config, hn, summed_over_tp=True)
         self.rotary_interleaved = config.rotary_interleaved
-        self.core_attention = CoreAttention(config, hn)
+        self.core_attention = CoreAttention(config, hn, layer_number)
         self.causal = config.causal
         self.causal_mask = constant_causal_mask(config.max_position_embeddings)
 
@@ -219,13 +229,13 @@ class ParallelMLP(nn.Cell):
 
 class ParallelTransformerLayer(nn.Cell):
     """The pre-norm decoder layer (see the module docstring): `(x [b, s, h], attention_mask,
-    rotary) -> [b, s, h]`."""
+    rotary) -> [b, s, h]`; `layer_number`: its place in the model, from 1."""
 
-    def __init__(self, config):
+    def __init__(self, config, layer_number=1):
         super().__init__()
         sp = config.sequence_parallel          # the norms see this rank's part of the sequence
         self.input_layernorm = build_norm(config, config.hidden_size, summed_over_tp=sp)
-        self.self_attention = ParallelAttention(config)
+        self.self_attention = ParallelAttention(config, layer_number)
         self.post_attention_layernorm = build_norm(config, config.hidden_size, summed_over_tp=sp)
         self.mlp = ParallelMLP(config)
         # Two cells, so the two residual branches draw different masks (the sequence-parallel

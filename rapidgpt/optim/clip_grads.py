@@ -25,25 +25,48 @@ def _sum_of_squares(counted, g):
     return ops.sum(g)
 
 
+def _total(fn, tensors, counted, dtype):
+    """The sum over `tensors` of `fn(counted_i, tensor_i)` (a scalar of `dtype`; 0 where not counted).
+    A left-out tensor adds a constant 0, which the compiler drops; MindSpore's CPU AddN refuses
+    fewer than 2 inputs, so a rank counting none or one (ZeRO-2 pieces) adds nothing."""
+    number = counted.count(True)
+    if number == 0:
+        return ops.zeros((), dtype)
+    if number == 1:
+        return fn(True, tensors[counted.index(True)])
+    return ops.addn(map_tensors(fn, counted, tensors))
+
+
 def global_grad_norm(grads, sum_over_ranks=None, counted=None):
     """L2 norm over all gradients together, accumulated in fp32 (fp16 squares overflow);
     `counted` (Python bools, one per gradient; default all) leaves out the ones another rank
     counts, `sum_over_ranks` (a rapidgpt.parallel.comm.AllReduce) adds other ranks' sums of squares.
+    (--log-params-norm measures the main parameters with it, under the same rule.)
 
     It is non-finite whenever some gradient holds a NaN/Inf, so it doubles as the finite check
     of the step (no second pass over the gradients).
     """
-    # Left out: a constant 0, which the compiler drops from the sum; MindSpore's CPU AddN refuses
-    # fewer than 2 inputs, so a rank counting none or one (ZeRO-2 pieces) adds nothing.
     counted = counted if counted is not None else (True,) * len(grads)
-    number = counted.count(True)
-    if number == 0:
-        squares = ops.zeros((), ms.float32)
-    elif number == 1:
-        squares = _sum_of_squares(True, grads[counted.index(True)])
-    else:
-        squares = ops.addn(map_tensors(_sum_of_squares, counted, grads))
+    squares = _total(_sum_of_squares, grads, counted, ms.float32)
     return ops.sqrt(squares if sum_over_ranks is None else sum_over_ranks(squares))
+
+
+def _zeros_in(counted, g):
+    """The number of g's elements equal to 0, exactly, or 0 when this rank does not count it (int64:
+    MindSpore's graph mode sums int32 into int64, PyNative into int32, so the dtype is set)."""
+    if not counted:
+        return ops.zeros((), ms.int64)
+    return ops.cast(ops.sum(ops.cast(ops.equal(g, 0), ms.int32)), ms.int64)
+
+
+def count_zeros(grads, sum_over_ranks=None, counted=None):
+    """Megatron's count_zeros_fp32 (--log-num-zeros-in-grad): the number of gradient elements equal
+    to 0 over the whole model, each element counted once as in `global_grad_norm` (same `counted`
+    and `sum_over_ranks`). Counted exactly per rank; the ranks' counts are added in fp32, as
+    Megatron's all-reduce of the statistic does."""
+    counted = counted if counted is not None else (True,) * len(grads)
+    zeros = ops.cast(_total(_zeros_in, grads, counted, ms.int64), ms.float32)
+    return zeros if sum_over_ranks is None else sum_over_ranks(zeros)
 
 
 def clip_grads_by_global_norm(grads, max_norm, norm=None):

@@ -67,9 +67,15 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
         self.owner_decays = tuple(weight_decays)
         self.shards_gradients = shard_gradients             # a bool for the graph: gradient_layout is set
         super().__init__(model_params, make_optimizer, precision, clip_grad)
+        self.pieces_in_norm = tuple(self.in_norm[i] for i, _, _ in self.plan.pieces)
         if shard_gradients:
             self.gradient_layout = self.plan
-            self.in_norm = tuple(self.in_norm[i] for i, _, _ in self.plan.pieces)
+            self.in_norm = self.pieces_in_norm
+
+    def _params_norm_layout(self):
+        """The main parameters are this rank's pieces, each data-parallel rank holding others: every
+        rank's sums of squares (both stages)."""
+        return self.pieces_in_norm, comm.new_group(range(get_parallel_state().world_size))
 
     def _norm_group(self):
         """ZeRO-2: every rank (DP x TP x PP), each data-parallel rank holding other pieces."""

@@ -17,11 +17,16 @@ FP32Optimizer do it.
                      data-parallel ranks do too: they hold the same averaged gradients.
     scaler.update    Megatron's loss-scale rule (rapidgpt/optim/grad_scaler.py)
     clip             by the global norm (--clip-grad)
+    num zeros        --log-num-zeros-in-grad: the clipped gradients' elements equal to 0, each
+                     counted once as the norm counts it (Megatron's count_zeros_fp32)
     update           unless found_inf: the inner optimizer (AdamW/SGD) steps the main parameters;
                      16-bit runs then copy them into the model's 16-bit parameters
+    params norm      --log-params-norm: the L2 norm of the main parameters after the update (fp32
+                     in every precision; each element counted once over the ranks holding them),
+                     as Megatron's calc_params_l2_norm reads them
 
-`wrapper(grads, lr) -> (updated, grad norm, loss scale)`, traceable: it runs inside the compiled
-step. Main parameters: in fp32 runs the model's own parameters; in 16-bit runs fp32 copies
+`wrapper(grads, lr) -> (updated, grad norm, loss scale, num zeros, params norm)`, traceable: it
+runs inside the compiled step; the last two are 0 unless `report` asked for them. Main parameters: in fp32 runs the model's own parameters; in 16-bit runs fp32 copies
 (`main_params.<name>`) that the inner optimizer and its fp32 state (Adam's moments) belong to,
 as in Megatron's Float16OptimizerWithFloat16Params. Model states per parameter are then 2 bytes
 (16-bit weight) + 2 (16-bit gradient) + 4 (fp32 main weight) + 8 (fp32 Adam moments), the 16
@@ -43,7 +48,7 @@ from mindspore import Parameter, ParameterTuple, nn, ops
 from rapidgpt.config.precision import PrecisionConfig
 from rapidgpt.errors import UserError
 from rapidgpt.optim.adamw import build_optimizer
-from rapidgpt.optim.clip_grads import clip_grads_by_global_norm, global_grad_norm
+from rapidgpt.optim.clip_grads import clip_grads_by_global_norm, count_zeros, global_grad_norm
 from rapidgpt.optim.grad_scaler import build_grad_scaler
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.state import get_model_parallel_group, get_tensor_model_parallel_rank
@@ -73,8 +78,23 @@ class OptimizerWrapper(nn.Cell):
         first = get_tensor_model_parallel_rank() == 0
         self.in_norm = tuple((first or getattr(p, "tensor_model_parallel", False))
                              and not getattr(p, "pipeline_shared_copy", False) for p in self.parameters)
-        group = self._norm_group()
-        self.norm_sum_over_ranks = comm.AllReduce(group) if comm.group_size(group) > 1 else None
+        self.norm_sum_over_ranks = _sum_over(self._norm_group())
+        self.counts_zeros = self.measures_params = False
+
+    def report(self, num_zeros_in_grad=False, params_norm=False):
+        """Also compute Megatron's --log-num-zeros-in-grad and --log-params-norm statistics in the
+        step (before it is compiled)."""
+        self.counts_zeros, self.measures_params = num_zeros_in_grad, params_norm
+        if params_norm:
+            if hasattr(self.optimizer, "update_mapped"):
+                self.optimizer.update_mapped = False    # the norm reads the parameters after the update
+            self.params_in_norm, group = self._params_norm_layout()
+            self.params_sum_over_ranks = _sum_over(group)
+
+    def _params_norm_layout(self):
+        """(which main parameters this rank counts in the params norm, the group adding the ranks'
+        sums of squares): as the gradients, which they correspond to one to one here."""
+        return self.in_norm, self._norm_group()
 
     def _norm_group(self):
         """The ranks whose sums of squares make the global norm: the model-parallel group (TP x PP;
@@ -127,7 +147,17 @@ class OptimizerWrapper(nn.Cell):
         grads, norm = clip_grads_by_global_norm(grads, self.clip_grad, norm)
         if updated:
             self.step(grads, lr)
-        return updated, norm, scale
+        # The statistics after the update (the zeros are those of the gradients it was handed): counted
+        # before it, in the branch's first part of the graph, the zeros' all-reduce made MindSpore run
+        # two all-reduces of the sequence-parallel backward on one TP group at once, which then
+        # exchanged each other's data (a TP=2 run stopped in its first step; measured, MindSpore 2.10).
+        zeros = ops.zeros((), ms.float32)
+        if self.counts_zeros:
+            zeros = count_zeros(grads, self.norm_sum_over_ranks, self.in_norm)
+        params_norm = ops.zeros((), ms.float32)
+        if self.measures_params:     # the graph orders a Parameter's reads after its writes
+            params_norm = global_grad_norm(self.main_params, self.params_sum_over_ranks, self.params_in_norm)
+        return updated, norm, scale, zeros, params_norm
 
     def step(self, grads, lr):
         done = self.optimizer(grads, lr)
@@ -180,6 +210,11 @@ class OptimizerWrapper(nn.Cell):
                 model_param.set_data(main_param.value().astype(model_param.dtype))
 
 
+def _sum_over(group):
+    """The AllReduce-SUM cell over `group`, or None when it is this rank alone."""
+    return comm.AllReduce(group) if comm.group_size(group) > 1 else None
+
+
 class OptimizerRebuildError(UserError, TypeError):
     """A user's optimizer cannot be rebuilt over fp32 main parameters; the message says what to return."""
 
@@ -193,6 +228,12 @@ def wrap_optimizer(optimizer, model, args, zero3_units=()):
     In 16-bit runs the inner optimizer must be built over the fp32 main parameters, so a user's
     optimizer is rebuilt over them with `optimizer.with_parameters` (RapidGPT's AdamW and SGD have it).
     """
+    wrapper = _wrapper(optimizer, model, args, zero3_units)
+    wrapper.report(getattr(args, "log_num_zeros_in_grad", False), getattr(args, "log_params_norm", False))
+    return wrapper
+
+
+def _wrapper(optimizer, model, args, zero3_units):
     precision = args.precision
     zero = getattr(args, "zero", None)
     if zero is not None and zero.stage >= 1:

@@ -9,19 +9,24 @@ from rapidgpt.tokenizer.gpt2_bpe import GPT2BPETokenizer
 from rapidgpt.tokenizer.hf_tokenizer import HuggingFaceTokenizer, folder_problem
 from rapidgpt.tokenizer.null_tokenizer import NullTokenizer
 from rapidgpt.tokenizer.sentencepiece_tokenizer import SENTENCEPIECE_TYPES, SentencePieceTokenizer, model_file_problem
+from rapidgpt.tokenizer.tiktoken_tokenizer import TikTokenizer, vocabulary_problem
 
 __all__ = ["BertWordPieceTokenizer", "GPT2BPETokenizer", "HuggingFaceTokenizer", "NullTokenizer",
-           "SentencePieceTokenizer",
+           "SentencePieceTokenizer", "TikTokenizer",
            "TOKENIZER_TYPES", "build_tokenizer", "padded_vocab_size", "save_gpt2_format", "train_byte_level_bpe"]
 
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase", "HuggingFaceTokenizer",
-                   *SENTENCEPIECE_TYPES, "NullTokenizer")
-# The types read from --tokenizer-model (a folder or a model file) rather than --vocab-file.
-MODEL_TOKENIZER_TYPES = ("HuggingFaceTokenizer", *SENTENCEPIECE_TYPES)
+                   *SENTENCEPIECE_TYPES, "TikTokenizer", "NullTokenizer")
+# The types read from --tokenizer-model rather than --vocab-file -> what their --tokenizer-model is.
+TOKENIZER_MODELS = {"HuggingFaceTokenizer": "folder holding tokenizer.json",
+                    **{kind: "SentencePiece model file" for kind in SENTENCEPIECE_TYPES},
+                    "TikTokenizer": "tiktoken vocabulary .json"}
+MODEL_TOKENIZER_TYPES = tuple(TOKENIZER_MODELS)
 TOKENIZER_MODEL_HELP = ("--tokenizer-type HuggingFaceTokenizer: a Hugging Face tokenizer folder (tokenizer.json, "
                         "tokenizer_config.json), as saved by save_pretrained, read with the `tokenizers` library; "
                         "GPTSentencePieceTokenizer / Llama2Tokenizer: a SentencePiece model file (tokenizer.model), "
-                        "read with the optional `sentencepiece` library")
+                        "read with the optional `sentencepiece` library; TikTokenizer: a tiktoken vocabulary "
+                        ".json (a list of rank, token_bytes, token_str), read with the optional `tiktoken` library")
 
 
 def inferred_tokenizer_type(vocab_file, merge_file):
@@ -39,23 +44,31 @@ def inferred_tokenizer_type(vocab_file, merge_file):
 def check_tokenizer_model(kind, path, check):
     """The flag check of --tokenizer-model for --tokenizer-type `kind` (one of
     MODEL_TOKENIZER_TYPES), into the flag checker `check`."""
-    what = "the folder holding tokenizer.json" if kind == "HuggingFaceTokenizer" else "the SentencePiece model file"
-    if check.require(path, f"--tokenizer-model: required for --tokenizer-type {kind}; give {what}"):
-        problem = folder_problem(path) if kind == "HuggingFaceTokenizer" else model_file_problem(kind, path)
+    if check.require(path, f"--tokenizer-model: required for --tokenizer-type {kind}; give the "
+                           f"{TOKENIZER_MODELS[kind]}"):
+        if kind == "HuggingFaceTokenizer":
+            problem = folder_problem(path)
+        elif kind == "TikTokenizer":
+            problem = vocabulary_problem(path)
+        else:
+            problem = model_file_problem(kind, path)
         check.require(problem is None, f"--tokenizer-model: {problem}")
 
 
 def build_tokenizer(args):
     """Build the tokenizer named by --tokenizer-type from --vocab-file (and --merge-file), or from
-    --tokenizer-model (a Hugging Face tokenizer folder, a SentencePiece model file)."""
+    --tokenizer-model (a Hugging Face tokenizer folder, a SentencePiece model file, a tiktoken
+    vocabulary)."""
     kind = getattr(args, "tokenizer_type", None)
     if kind in MODEL_TOKENIZER_TYPES:
         model = getattr(args, "tokenizer_model", None)
         if not model:
-            what = "folder holding tokenizer.json" if kind == "HuggingFaceTokenizer" else "SentencePiece model file"
-            raise ValueError(f"--tokenizer-model is required for --tokenizer-type {kind}: pass the {what}")
+            raise ValueError(f"--tokenizer-model is required for --tokenizer-type {kind}: pass the "
+                             f"{TOKENIZER_MODELS[kind]}")
         if kind == "HuggingFaceTokenizer":
             return HuggingFaceTokenizer(model)
+        if kind == "TikTokenizer":
+            return TikTokenizer.from_args(model, args)
         return SentencePieceTokenizer(model, add_bos=(kind == "Llama2Tokenizer"))
     if kind == "NullTokenizer":
         if not getattr(args, "vocab_size", None):

@@ -46,7 +46,9 @@ ARCHITECTURE_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hi
                      "model_type") + ARCHITECTURE_FLAGS
 # Tokenizer flags naming files (a Hugging Face tokenizer: a folder, of which its FOLDER_FILES are kept).
 TOKENIZER_FILE_ARGS = ("vocab_file", "merge_file", "tokenizer_model")
-MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length", "bert_binary_head", "null_tokenizer_eod_id") + TOKENIZER_FILE_ARGS
+# The tokenizers' other settings (NullTokenizer's EOD; TikTokenizer's pattern and special tokens).
+TOKENIZER_SETTING_ARGS = ("null_tokenizer_eod_id", "tiktoken_pattern", "tiktoken_num_special_tokens", "special_tokens")
+MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length", "bert_binary_head") + TOKENIZER_SETTING_ARGS + TOKENIZER_FILE_ARGS
 _CHUNK = 1 << 22
 # Files whose CRC-32 this process already checked, by (path, size, mtime): --load's checkpoint is
 # verified when the flags are read and again when it is loaded; it is read once.

@@ -11,7 +11,8 @@ class ComposedOptimizer:
     `forward_fn(*inputs) -> loss` must be traceable by mindspore.jit (it is compiled on the first
     call; new input shapes compile again). The learning rate is the scheduler's current value.
     After a step, `last_grad_norm`, `last_updated` (False: skipped on overflow, nothing changed) and
-    `last_loss_scale` tell what happened.
+    `last_loss_scale` tell what happened; with --log-num-zeros-in-grad / --log-params-norm,
+    `last_num_zeros` / `last_params_norm` too (None otherwise).
     `iteration` counts the steps taken and selects the dropout masks; a loop that resumes from a
     checkpoint sets it to the iteration it resumes at.
     """
@@ -35,4 +36,5 @@ class ComposedOptimizer:
         self.iteration += 1
         result = train_step(stacked, self.lr_scheduler.get_lr(), self.iteration)
         self.last_grad_norm, self.last_updated, self.last_loss_scale = result.grad_norm, result.updated, result.loss_scale
+        self.last_num_zeros, self.last_params_norm = result.num_zeros, result.params_norm
         return result.loss

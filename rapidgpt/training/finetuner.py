@@ -174,6 +174,9 @@ class Finetuner(Trainer):
             raise ArgumentError(f"--pipeline-model-parallel-size {args.pipeline_model_parallel_size}: the "
                                 f"Finetuner runs without pipeline stages; use tensor/data parallelism, or a "
                                 f"Pretrainer (its run_forward_step and datasets) for pipeline parallelism")
+        if args.rampup_batch_size is not None:
+            raise ArgumentError("--rampup-batch-size: the Finetuner's epochs use a constant --global-batch-size; "
+                                "ramp up in pretraining (a Pretrainer, or --task pretraining)")
         self.timers("train/valid/test-data-iterators-setup").start()
         train_ds, valid_ds, test_ds, collate_fn = check_returned(
             self.train_valid_test_datasets_provider(), "train_valid_test_datasets_provider",

@@ -50,7 +50,7 @@ from rapidgpt.parallel.state import (get_data_parallel_rank, get_data_parallel_w
 from rapidgpt.training.schedules import (DataParallelFinalize, accumulate, add_stats, casts_to_fp32, loss_and_stats,
                                          loss_multiplier, micro_batch_dropout_key, per_token_finalize,
                                          select_micro_batch, stacked_losses, unstacked_losses)
-from rapidgpt.training.step import StepResult, compile_then_meet, floats
+from rapidgpt.training.step import compile_then_meet, floats, step_result
 
 
 # --timing-log-level 2: Megatron's compute timers, and the time in point-to-point exchanges
@@ -293,8 +293,7 @@ class PipelineTrainStep:
         if not self._updated_once:          # its norm and overflow check are collectives
             compile_then_meet(self._update, inputs, comm.barrier if self._jit else None, "optimizer step")
             self._updated_once = True
-        updated, norm, scale = self._update(*inputs)
-        return StepResult(float(loss), float(norm), bool(updated), float(scale), floats(stats))
+        return step_result(self.optimizer, self._update(*inputs), float(loss), floats(stats))
 
 
 class PipelineEvalStep:

@@ -67,7 +67,9 @@ class Pretrainer(Trainer):
         args = self.args
         gbs = args.global_batch_size
         evaluations = args.train_iters // args.eval_interval + 1
-        return [args.train_iters * gbs, evaluations * args.eval_iters * gbs, args.eval_iters * gbs]
+        rampup = getattr(args, "batch_size_rampup", None)       # evaluations use the whole --global-batch-size
+        train = args.train_iters * gbs if rampup is None else rampup.consumed_after(args.train_iters)
+        return [train, evaluations * args.eval_iters * gbs, args.eval_iters * gbs]
 
     def _iterator(self, dataset, consumed=0):
         args = self.args

@@ -16,10 +16,12 @@ LOOP_TIMERS = ["batch-generator", "forward-backward-optimizer", "evaluate", "for
 
 def training_log_line(iteration, train_iters, consumed_samples, ms_per_iteration, learning_rate,
                       global_batch_size, losses, loss_scale, grad_norm, skipped, nan, per_second,
-                      unit="tokens", tflops_per_rank=None, decoupled_learning_rate=None):
+                      unit="tokens", tflops_per_rank=None, decoupled_learning_rate=None, num_zeros=None,
+                      params_norm=None):
     """Megatron's training line, field for field (`losses`: {name: interval mean};
     `tflops_per_rank`: --log-throughput's figure, or None; `decoupled_learning_rate`: --decoupled-lr's
-    current rate, or None)."""
+    current rate, or None; `num_zeros`, `params_norm`: --log-num-zeros-in-grad's and
+    --log-params-norm's, or None)."""
     line = f" iteration {iteration:8d}/{train_iters:8d} |"
     line += f" consumed samples: {consumed_samples:12d} |"
     line += f" elapsed time per iteration (ms): {ms_per_iteration:.1f} |"
@@ -34,6 +36,10 @@ def training_log_line(iteration, train_iters, consumed_samples, ms_per_iteration
     line += f" loss scale: {loss_scale:.1f} |"
     if grad_norm is not None:
         line += f" grad norm: {grad_norm:.3f} |"
+    if num_zeros is not None:
+        line += f" num zeros: {num_zeros} |"       # a float, as Megatron's all-reduced statistic
+    if params_norm is not None:
+        line += f" params norm: {params_norm:.3f} |"
     line += f" number of skipped iterations: {skipped:3d} |"
     line += f" number of nan iterations: {nan:3d} |"
     line += f" {unit} per second: {per_second:.1f} |"
@@ -72,10 +78,10 @@ def report_metrics(label, iteration, metrics, split="validation"):
 class Reporter:
     """Accumulates per-iteration results and writes the log line every `log_interval` iterations."""
 
-    def __init__(self, args, train_iters, start_iteration=0, unit="tokens", flops_per_iteration=None):
-        """`flops_per_iteration`: with --log-throughput, the iteration's FLOPs (all ranks together)."""
+    def __init__(self, args, train_iters, start_iteration=0, unit="tokens", flops_per_sample=None):
+        """`flops_per_sample`: with --log-throughput, the FLOPs of one sample's training (all ranks together)."""
         self.args, self.unit = args, unit
-        self.flops_per_iteration = flops_per_iteration
+        self.flops_per_sample = flops_per_sample
         self.timers = get_timers()
         self.train_iters = train_iters
         self.writer = get_tensorboard_writer()
@@ -84,28 +90,33 @@ class Reporter:
                         disable=args.no_progress_bar or not is_console_rank(), file=sys.stderr,
                         dynamic_ncols=True)
         self._reset()
-        self.grad_norm = None
+        self.grad_norm = self.num_zeros = None
         self.intervals_logged = 0
 
     def _reset(self):
         self.loss_sum, self.iters, self.advanced, self.skipped, self.nan, self.seconds = {}, 0, 0, 0, 0, 0.0
+        self.samples = self.units = 0
 
-    def iteration(self, iteration, consumed_samples, losses, rates, step, seconds, units):
+    def iteration(self, iteration, consumed_samples, losses, rates, step, seconds, units, global_batch_size=None):
         """Record one training iteration (`losses`: {name: value}; `rates`: the learning rate, and
-        the decoupled one with --decoupled-lr; `step`: its rapidgpt.training.step.StepResult); log
-        when the interval is full.
+        the decoupled one with --decoupled-lr; `step`: its rapidgpt.training.step.StepResult;
+        `global_batch_size`: its samples, default --global-batch-size: less on a --rampup-batch-size
+        ramp); log when the interval is full.
 
         As Megatron's training_log: a skipped iteration (overflow, NaN) counts in "number of
         skipped iterations", its loss is not averaged (the bar shows "skipped" instead of it), and
         it is a "nan iteration" when the loss itself is not finite; the grad norm shown is the last
-        update's."""
+        update's, and so is the number of zeros (--log-num-zeros-in-grad); the params norm
+        (--log-params-norm) is this iteration's."""
+        gbs = global_batch_size or self.args.global_batch_size
         self.iters += 1
         self.seconds += seconds
+        self.samples, self.units = self.samples + gbs, self.units + units
         if step.updated:
             self.advanced += 1
             for name, value in losses.items():
                 self.loss_sum[name] = self.loss_sum.get(name, 0.0) + value
-            self.grad_norm = step.grad_norm
+            self.grad_norm, self.num_zeros = step.grad_norm, step.num_zeros
             self.bar.set_postfix({name: f"{value:.3f}" for name, value in losses.items()}, refresh=False)
         else:
             self.skipped += 1
@@ -116,7 +127,7 @@ class Reporter:
             self.writer.add_scalar("learning-rate", rates[0], iteration)
             if len(rates) > 1:
                 self.writer.add_scalar("decoupled-learning-rate", rates[1], iteration)
-            self.writer.add_scalar("batch-size", self.args.global_batch_size, iteration)
+            self.writer.add_scalar("batch-size", gbs, iteration)
             for name, value in losses.items():
                 self.writer.add_scalar(name, value, iteration)
             self.writer.add_scalar("loss-scale", step.loss_scale, iteration)
@@ -125,19 +136,23 @@ class Reporter:
                     self.writer.add_scalar(name, value, iteration)
             if step.updated:
                 self.writer.add_scalar("grad-norm", step.grad_norm, iteration)
+                if step.num_zeros is not None:
+                    self.writer.add_scalar("num-zeros", step.num_zeros, iteration)
+            if step.params_norm is not None:
+                self.writer.add_scalar("params-norm", step.params_norm, iteration)
             self.writer.add_scalar(f"{self.unit}-per-second", units / max(seconds, 1e-9), iteration)
         if iteration % self.args.log_interval == 0 or iteration == self.train_iters:
             per_iter = self.seconds / self.iters
             averages = ({n: v / self.advanced for n, v in self.loss_sum.items()} if self.advanced else {})
-            tflops = (None if self.flops_per_iteration is None
-                      else self.flops_per_iteration / (max(per_iter, 1e-9) * 1e12 * self.args.world_size))
+            tflops = (None if self.flops_per_sample is None
+                      else self.flops_per_sample * self.samples / (max(self.seconds, 1e-9) * 1e12 * self.args.world_size))
             if tflops is not None and self.writer is not None:
                 self.writer.add_scalar("throughput", tflops, iteration)
             self.logger.info(training_log_line(
                 iteration, self.train_iters, consumed_samples, per_iter * 1000.0, rates[0],
-                self.args.global_batch_size, averages, step.loss_scale, self.grad_norm if self.advanced else None,
-                self.skipped, self.nan, units / max(per_iter, 1e-9), self.unit, tflops,
-                rates[1] if len(rates) > 1 else None))
+                gbs, averages, step.loss_scale, self.grad_norm if self.advanced else None,
+                self.skipped, self.nan, self.units / max(self.seconds, 1e-9), self.unit, tflops,
+                rates[1] if len(rates) > 1 else None, self.num_zeros if self.advanced else None, step.params_norm))
             if self.args.log_timers_to_tensorboard:     # a collective, as the timing block below
                 if self.writer is not None and self.intervals_logged:      # the first holds the compile
                     self.writer.add_scalar("iteration-time", per_iter, iteration)
@@ -152,4 +167,8 @@ class Reporter:
     def close(self):
         self.bar.close()
         if self.writer is not None:
-            self.writer.flush()
+            # Not flush(): tensorboardX's flush writes only the events its writer thread has taken
+            # off its queue (measured: the last iteration's scalars of a 24-iteration run were not
+            # in the file). close() drains the queue; a later scalar (e.g. the final validation)
+            # reopens the writer, in a new event file of the same folder.
+            self.writer.close()

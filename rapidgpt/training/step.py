@@ -1,7 +1,8 @@
 """One optimizer step as ONE compiled MindSpore graph: the schedule, then the optimizer wrapper.
 
     losses, names, grads = schedule(micro-batches, iteration, loss scale)  rapidgpt/training/schedules.py
-    updated, grad norm, loss scale = optimizer(grads, lr)          rapidgpt/optim/mixed_precision.py
+    updated, grad norm, loss scale, num zeros, params norm = optimizer(grads, lr)
+                                                                    rapidgpt/optim/mixed_precision.py
 
 Everything runs inside a single `mindspore.jit` graph. Measured on CPU
 (benchmarks/bench_pretrain.py): the fused graph trains as fast as GRAPH_MODE `TrainOneStepCell`,
@@ -42,6 +43,16 @@ class StepResult(NamedTuple):
     updated: bool        # False: skipped (overflow / NaN), nothing changed but the loss scale
     loss_scale: float    # after this step's update (1.0 when the loss is not scaled)
     stats: dict = {}     # the loss function's statistics ({name: mean}), e.g. BERT's lm/sop loss
+    num_zeros: float = None     # --log-num-zeros-in-grad: zeros in the (clipped) gradients, else None
+    params_norm: float = None   # --log-params-norm: the main parameters' L2 norm after the step, else None
+
+
+def step_result(optimizer, outputs, loss, stats):
+    """The StepResult of a step whose optimizer wrapper `optimizer` returned `outputs`."""
+    updated, norm, scale, zeros, params_norm = outputs
+    return StepResult(loss, float(norm), bool(updated), float(scale), stats,
+                      float(zeros) if optimizer.counts_zeros else None,
+                      float(params_norm) if optimizer.measures_params else None)
 
 
 def floats(stats):
@@ -59,8 +70,7 @@ class _StepCell(nn.Cell):
     def construct(self, stacked, lr, iteration):
         loss_scale = self.optimizer.loss_scale() if self.optimizer.grad_scaler is not None else None
         losses, names, grads = self.schedule(stacked, iteration, loss_scale)
-        updated, norm, scale = self.optimizer(grads, lr)
-        return losses, names, norm, updated, scale
+        return losses, names, self.optimizer(grads, lr)
 
 
 class TrainStep:
@@ -84,7 +94,7 @@ class TrainStep:
         self.gradient_bytes = schedule.finalize.gradient_bytes
         cell = _StepCell(schedule, optimizer)
         self._step = ms.jit(cell.construct) if jit else cell
-        self._forward, self._ran = forward, False
+        self._optimizer, self._forward, self._ran = optimizer, forward, False
         self._compile_cache = compile_cache if jit else None
         self._barrier = barrier if jit else None
 
@@ -102,12 +112,12 @@ class TrainStep:
                 outputs = self._compile_cache.first_call(run, stacked)
             else:
                 outputs = run()
-            losses, names, norm, updated, scale = outputs
+            losses, names, optimizer_outputs = outputs
             losses = losses.asnumpy()
             if losses.ndim != 1:                # a non-scalar "loss" from the hook
                 raise TypeError(f"the step's losses have shape {losses.shape}, not [1 + statistics]")
-            result = StepResult(float(losses[0]), float(norm), bool(updated), float(scale),
-                                dict(zip(decode_names(names), map(float, losses[1:]))))
+            result = step_result(self._optimizer, optimizer_outputs, float(losses[0]),
+                                 dict(zip(decode_names(names), map(float, losses[1:]))))
         except Exception as error:
             if self._ran:
                 raise

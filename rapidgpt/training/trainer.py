@@ -214,25 +214,30 @@ class Trainer:
         False (training did not finish); otherwise True.
         """
         args, timers = self.args, self.timers
-        n, gbs = args.num_micro_batches, args.global_batch_size
-        units_per_iteration = gbs * (args.seq_length if self.throughput_unit == "tokens" else 1)
-        in_fp32 = args.precision.accumulate_allreduce_grads_in_fp32
-        if args.pipeline_model_parallel_size > 1:
-            step = PipelineTrainStep(forward, model, optimizer, n, self.activation_shape(), in_fp32, jit=args.jit,
-                                     per_token=args.calculate_per_token_loss)
-        else:
-            cache = (StepGraphCache(args, optimizer.parameters, get_parallel_state().rank)
-                     if args.compile_cache_config.enabled else None)
-            step = TrainStep(forward, optimizer, n, in_fp32, jit=args.jit, compile_cache=cache,
-                             barrier=barrier if args.world_size > 1 else None, per_token=args.calculate_per_token_loss)
-        self.logger.info(f" > gradients handed to the optimizer on this rank: {step.gradient_bytes} bytes")
+        rampup = getattr(args, "batch_size_rampup", None)
+        steps = {}
+
+        def step_of(n):
+            """The compiled step of n micro-batches (one, unless --rampup-batch-size changes n)."""
+            if n not in steps:
+                steps[n] = self.train_step(forward, model, optimizer, n, first=not steps)
+                if len(steps) == 1:
+                    self.logger.info(f" > gradients handed to the optimizer on this rank: "
+                                     f"{steps[n].gradient_bytes} bytes")
+            return steps[n]
+
         reporter = Reporter(args, train_iters, start_iteration, self.throughput_unit,
-                            self.flops_per_iteration(model) if args.log_throughput else None)
+                            self.flops_per_sample(model) if args.log_throughput else None)
         model.set_train(True)
         started, iteration, saved = time.time(), start_iteration, True
+        gbs = args.global_batch_size
         try:
             with ExitSignal() as exit_signal:
                 for iteration in range(start_iteration + 1, train_iters + 1):
+                    if rampup is not None:
+                        gbs = self._ramped_batch_size(rampup, consumed, gbs if iteration > start_iteration + 1 else None)
+                    n = args.num_micro_batches if rampup is None else gbs // rampup.per_micro_batch
+                    step = step_of(n)
                     start = time.perf_counter()
                     timers("batch-generator", log_level=1).start()
                     stacked = stack_micro_batches([next(train_batches) for _ in range(n)])
@@ -246,7 +251,7 @@ class Trainer:
                     consumed += gbs
                     reporter.iteration(iteration, consumed, result.stats or {self.loss_name: result.loss},
                                        learning_rates(scheduler), result, time.perf_counter() - start,
-                                       units_per_iteration)
+                                       gbs * (args.seq_length if self.throughput_unit == "tokens" else 1), gbs)
                     if evaluate is not None and eval_interval and iteration % eval_interval == 0:
                         self._evaluate_in_eval_mode(model, evaluate, iteration)
                     saved = bool(args.save and args.save_interval and iteration % args.save_interval == 0)
@@ -263,6 +268,29 @@ class Trainer:
         if args.save and not saved and iteration > start_iteration:
             self.save(iteration, consumed)
         return True
+
+    def train_step(self, forward, model, optimizer, n, first=True):
+        """The compiled training step of `n` micro-batches: the 1F1B pipeline with pipeline stages,
+        else one graph (read from the compile cache when `first`: the first graph of the run)."""
+        args = self.args
+        in_fp32 = args.precision.accumulate_allreduce_grads_in_fp32
+        if args.pipeline_model_parallel_size > 1:
+            return PipelineTrainStep(forward, model, optimizer, n, self.activation_shape(), in_fp32, jit=args.jit,
+                                     per_token=args.calculate_per_token_loss)
+        cache = (StepGraphCache(args, optimizer.parameters, get_parallel_state().rank)
+                 if first and args.compile_cache_config.enabled else None)
+        return TrainStep(forward, optimizer, n, in_fp32, jit=args.jit, compile_cache=cache,
+                         barrier=barrier if args.world_size > 1 else None, per_token=args.calculate_per_token_loss)
+
+    def _ramped_batch_size(self, rampup, consumed, previous):
+        """--rampup-batch-size: the global batch size after `consumed` samples, with Megatron's lines
+        when it is set (`previous` None: the run's first iteration) or changes."""
+        gbs = rampup.batch_size_at(consumed)
+        if previous is None:
+            self.logger.info(f" > setting initial batch size to {gbs} ({rampup.describe()})")
+        elif gbs != previous:
+            self.logger.info(f" > ramping up batch size from {previous} to {gbs}")
+        return gbs
 
     def log_setup_times(self):
         """Megatron's start-up report: the set-up phases' times, before training starts."""
@@ -289,11 +317,12 @@ class Trainer:
         return EvalStep(forward, jit=self.args.jit, barrier=barrier if self.args.world_size > 1 else None,
                         per_token=self.args.calculate_per_token_loss)
 
-    def flops_per_iteration(self, model):
-        """--log-throughput: Megatron's FLOPs of one iteration, from the model flags (its formula is
-        the GPT's, used for any model as Megatron does) and the model's or the flags' vocabulary."""
+    def flops_per_sample(self, model):
+        """--log-throughput: Megatron's FLOPs of training on one sample, from the model flags (its
+        formula is the GPT's, used for any model as Megatron does; linear in the batch size) and the
+        model's or the flags' vocabulary."""
         vocab = getattr(model, "vocab_size", None) or self.args.vocab_size or 0
-        return training_flops(shape_from_args(self.args, vocab), self.args.global_batch_size)
+        return training_flops(shape_from_args(self.args, vocab), 1)
 
     def activation_shape(self):
         """What pipeline stages send each other: `[micro batch, seq length, hidden size]` (with

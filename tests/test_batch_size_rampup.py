@@ -1,0 +1,131 @@
+"""Megatron's batch-size ramp-up (--rampup-batch-size START INCREMENT SAMPLES): the batch sizes and
+the number of iterations against a line-by-line port of Megatron-LM's rule, its flag checks, and
+a run that follows the ramp and resumes mid-ramp exactly."""
+import re
+import shutil
+
+import pytest
+
+from rapidgpt.arguments import parse_args
+from rapidgpt.config.batch_size_rampup import BatchSizeRampup
+from rapidgpt.tasks.pretraining import main as pretrain_main
+from rapidgpt.training.checkpoint_files import LATEST
+from tensorboard_events import scalars
+
+
+class MegatronRampup:
+    """megatron/core/num_microbatches_calculator.py RampupBatchsizeNumMicroBatchesCalculator.update
+    and megatron/training/training.py update_train_iters, as they were before Megatron-LM 532ad926
+    replaced them (consistency checks and logging left out)."""
+
+    def __init__(self, global_batch_size, start, increment, samples):
+        self.global_batch_size, self.start, self.increment, self.samples = global_batch_size, start, increment, samples
+        num_increments = (global_batch_size - start) // increment
+        self.rampup_samples_per_increment = samples / num_increments
+
+    def update(self, consumed_samples):
+        if consumed_samples > self.samples:
+            self.current_global_batch_size = self.global_batch_size
+        else:
+            steps = int(consumed_samples / self.rampup_samples_per_increment)
+            self.current_global_batch_size = self.start + steps * self.increment
+            assert self.current_global_batch_size <= self.global_batch_size
+        return self.current_global_batch_size
+
+    def train_iters(self, train_samples):
+        iterations = 0
+        consumed_samples = 0
+        while consumed_samples <= self.samples and consumed_samples <= train_samples:
+            self.update(consumed_samples)
+            consumed_samples += self.current_global_batch_size
+            iterations += 1
+        self.update(0)
+        if train_samples > consumed_samples:
+            iterations += (train_samples - consumed_samples) // self.global_batch_size
+        return iterations
+
+
+@pytest.mark.parametrize("gbs, start, increment, samples, train_samples",
+                         [(16, 4, 4, 64, 160), (1536, 16, 16, 5859375, 146484375), (64, 8, 8, 100, 1000),
+                          (24, 24, 8, 50, 100)])
+def test_the_ramp_is_megatrons(gbs, start, increment, samples, train_samples):
+    """Batch sizes at every consumed count a run passes through, and the iterations of
+    --train-samples. (The second row is the GPT-3 175B script's ramp; START = --global-batch-size,
+    where Megatron divides by zero, is a constant batch size here.)"""
+    ours = BatchSizeRampup(start, increment, samples, gbs, per_micro_batch=1)
+    if start == gbs:
+        assert ours.train_iters(train_samples) == (train_samples // gbs, train_samples // gbs * gbs)
+        return
+    megatron = MegatronRampup(gbs, start, increment, samples)
+    consumed = 0
+    for _ in range(ours.train_iters(train_samples)[0]):
+        assert ours.batch_size_at(consumed) == megatron.update(consumed), consumed
+        consumed += ours.batch_size_at(consumed)
+    assert ours.train_iters(train_samples) == (megatron.train_iters(train_samples), consumed) and consumed <= train_samples
+
+
+BASE = ["--task", "pretraining", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "4",
+        "--seq-length", "16", "--micro-batch-size", "4", "--global-batch-size", "16", "--lr", "1e-3",
+        "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "0", "--hidden-dropout", "0.1",
+        "--attention-dropout", "0.1", "--no-progress-bar", "--max-new-tokens", "0", "--seed", "7"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--train-iters", "10"], "--rampup-batch-size: the ramp is counted in samples; give the training length as "
+                              "--train-samples"),
+    (["--train-samples", "160", "--rampup-batch-size", "4", "5", "64"],
+     "--global-batch-size 16 must be START 4 plus a whole number of INCREMENT 5"),
+    (["--train-samples", "160", "--rampup-batch-size", "2", "2", "64"],
+     "batch size 2 of the ramp is not a multiple of --micro-batch-size 4 x data-parallel size 1 = 4"),
+    (["--train-samples", "160", "--rampup-batch-size", "0", "4", "64"], "START, INCREMENT and SAMPLES must be positive"),
+    (["--train-samples", "160", "--rampup-batch-size", "4", "4", "0"], "START, INCREMENT and SAMPLES must be positive"),
+], ids=["train-iters", "increment", "micro-batch", "zero-start", "zero-samples"])
+def test_a_ramp_that_cannot_run_is_one_line(capsys, flags, message):
+    argv = BASE + flags + ([] if "--rampup-batch-size" in flags else ["--rampup-batch-size", "4", "4", "64"])
+    with pytest.raises(SystemExit) as exit_status:
+        parse_args(argv=argv)
+    assert exit_status.value.code == 2
+    errors = capsys.readouterr().err.strip().split("\n")
+    assert len(errors) == 2 and message in errors[0], errors            # the line and argparse's usage hint
+
+
+LINE = re.compile(r" iteration\s+(\d+)/\s*(\d+) \| consumed samples:\s+(\d+) \|.*? global batch size:\s+(\d+) \| "
+                  r"lm loss: ([\d.E+-]+) \|")
+
+
+def run(capsys, *argv):
+    """{iteration: (of, consumed samples, global batch size, lm loss)} and the output."""
+    assert pretrain_main(BASE + ["--train-samples", "160", "--rampup-batch-size", "4", "4", "64", *argv]) == 0
+    out = capsys.readouterr().out
+    return {int(m.group(1)): m.groups()[1:] for m in LINE.finditer(out)}, out
+
+
+@pytest.mark.usefixtures("demo_cache")
+def test_a_run_follows_the_ramp_and_resumes_mid_ramp_exactly(tmp_path, capsys):
+    """--rampup-batch-size 4 4 64 to --global-batch-size 16 (micro-batches of 4: 1 to 4 per step),
+    --train-samples 160: Megatron's 16 iterations (11 on the ramp, 72 samples, then 5 of 16), each
+    logging the port's batch size and the consumed samples; resumed from the checkpoint of
+    iteration 5 (consumed 20, before the first increase at 21.3 samples), it prints the
+    uninterrupted run's iterations 6-16 and TensorBoard holds the same float32 losses and batch
+    sizes."""
+    save = tmp_path / "ckpt"
+    full, out = run(capsys, "--save", str(save), "--save-interval", "5", "--tensorboard-dir", str(tmp_path / "full"))
+    megatron, consumed, expected = MegatronRampup(16, 4, 4, 64), 0, {}
+    for i in range(1, megatron.train_iters(160) + 1):
+        size = megatron.update(consumed)
+        consumed += size
+        expected[i] = ("16", str(consumed), str(size))
+    assert {i: line[:3] for i, line in full.items()} == expected
+    assert [size for _, _, size in expected.values()] == ["4"] * 6 + ["8"] * 3 + ["12"] * 2 + ["16"] * 5
+    assert "setting initial batch size to 4" in out and "ramping up batch size from 4 to 8" in out
+    assert "ramping up batch size from 12 to 16" in out
+
+    load = tmp_path / "at5"
+    shutil.copytree(save / "iter_0000005", load / "iter_0000005")
+    (load / LATEST).write_text("5")
+    resumed, out = run(capsys, "--load", str(load), "--tensorboard-dir", str(tmp_path / "resumed"))
+    assert "setting initial batch size to 4" in out            # consumed 20: still the first size
+    assert resumed == {i: full[i] for i in range(6, 17)}
+    for tag in ("lm_loss", "batch-size"):
+        expected_scalars = {i: v for i, v in scalars(tmp_path / "full", tag).items() if i > 5}
+        assert len(expected_scalars) == 11 and scalars(tmp_path / "resumed", tag) == expected_scalars, tag

@@ -554,7 +554,6 @@ def test_per_token_loss_is_the_mean_over_every_token_of_the_step(jit):
     """--calculate-per-token-loss (Megatron's): three micro-batches whose loss masks keep 5, 1 and
     3 tokens. The step's loss and gradient (read from one SGD update, lr 1) are those of the mean
     over the 9 tokens (numpy), not of the mean of the micro-batches' means, the default's."""
-    import mindspore as ms
     from mindspore import nn
 
     from rapidgpt.optim import SGD

@@ -24,7 +24,8 @@ from rapidgpt.training.checkpointing import gathered_tensors
 from rapidgpt.training.model_transforms import ModelTransformError, prepare_model
 from rapidgpt.mindspore_private import autograd_recording
 from rapidgpt.training.pipeline_schedules import StageForward, _backward
-from test_parallel import (FP16, SCALES, TINY, assert_close_run, assert_layout, assert_same_pieces, assert_same_run,
+from test_parallel import (FP16, SCALES, STATISTICS, TINY,
+                           assert_close_run, assert_layout, assert_same_pieces, assert_same_run,
                            assert_same_statistics, assert_same_weights, checkpoint_of, convert_checkpoint, msrun,
                            single, skipped, values)
 
@@ -78,7 +79,8 @@ def test_stage_layer_range():
         stage_layer_range(6, 4, 0)
 
 
-FOUR_LAYERS = [("4" if a == "2" and TINY[k - 1] == "--num-layers" else a) for k, a in enumerate(TINY)]
+# Every pipeline run logs Megatron's statistics: the layouts check them (assert_same_statistics).
+FOUR_LAYERS = [("4" if a == "2" and TINY[k - 1] == "--num-layers" else a) for k, a in enumerate(TINY)] + [*STATISTICS]
 PP2 = ("--pipeline-model-parallel-size", "2")
 PP2_TP2 = (*PP2, "--tensor-model-parallel-size", "2")
 

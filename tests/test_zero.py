@@ -20,7 +20,8 @@ from rapidgpt.parallel.data_parallel import ShardPlan
 from rapidgpt.theoretical_memory import GPTShape, RunLayout, estimate
 from rapidgpt.tokenizer import padded_vocab_size
 from rapidgpt.training.checkpointing import gathered_tensors
-from test_parallel import (FP16, SCALES, TINY, assert_close_run, assert_layout, assert_same_run, assert_same_statistics,
+from test_parallel import (FP16, SCALES, STATISTICS, TINY,
+                           assert_close_run, assert_layout, assert_same_run, assert_same_statistics,
                            assert_same_weights, checkpoint_of, convert_checkpoint, single, skipped, values)
 
 ZERO1 = ("--zero-1-memory-optimization",)
@@ -29,15 +30,17 @@ ZERO3 = ("--zero-3-memory-optimization",)
 ZERO = {0: (), 1: ZERO1, 2: ZERO2, 3: ZERO3}
 PP2 = ("--pipeline-model-parallel-size", "2")
 FULL_RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
-RAPIDFORMER = (*PP2, *ZERO2, "--checkpoint-activations", "--mixed-precision", *FP16[1:])   # with TP=2, 8 ranks
+RAPIDFORMER = (*PP2, *ZERO2, "--checkpoint-activations", "--mixed-precision", *FP16[1:],   # with TP=2, 8 ranks
+               *STATISTICS)     # the full-recompute step with Megatron's statistics (they once broke it at TP=2)
 NO_DECAY = ("--weight-decay", "0")
 NO_DECAY_RUNS = [(1, 1, *NO_DECAY), (2, 1, *ZERO1, *NO_DECAY), (2, 1, *ZERO1, *NO_DECAY, "--optimizer", "sgd"),
                  (1, 1, *NO_DECAY, "--optimizer", "sgd")]
 # The runs of the `runs` fixture (tests/conftest.py) this module's tests ask for.
-TINY_RUNS = [(1, 1), (1, 1, *FP16), (1, 1, *FP16, "--accumulate-allreduce-grads-in-fp32"),
-             *[(2, 1, *ZERO[stage]) for stage in (1, 2, 3)], (4, 1, *ZERO2), (4, 2, *ZERO2),
-             (4, 1, *PP2, *FULL_RECOMPUTE, *ZERO3), (2, 1, *FP16, "--accumulate-allreduce-grads-in-fp32", *ZERO2),
-             (4, 2, *FP16, *ZERO3), (8, 2, *RAPIDFORMER), (4, 2), *NO_DECAY_RUNS]
+TINY_RUNS = [(1, 1, *STATISTICS), (1, 1, *FP16), (1, 1, *FP16, "--accumulate-allreduce-grads-in-fp32"),
+             *[(2, 1, *ZERO[stage], *STATISTICS) for stage in (1, 2, 3)], (4, 1, *ZERO2, *STATISTICS),
+             (4, 2, *ZERO2, *STATISTICS), (4, 1, *PP2, *FULL_RECOMPUTE, *ZERO3, *STATISTICS),
+             (2, 1, *FP16, "--accumulate-allreduce-grads-in-fp32", *ZERO2), (4, 2, *FP16, *ZERO3), (8, 2, *RAPIDFORMER),
+             (4, 2, *STATISTICS), *NO_DECAY_RUNS]
 HELD = re.compile(r"model states held on this rank: weights (\d+) bytes, main parameters and optimizer state "
                   r"(\d+) bytes")
 HANDED = re.compile(r"gradients handed to the optimizer on this rank: (\d+) bytes")
@@ -87,8 +90,8 @@ def test_zero_3_gives_every_rank_even_pieces_of_every_parameter():
                          ids=["zero1-dp2", "zero2-dp2", "zero2-dp4", "zero2-tp2xdp2",
                               "zero3-dp2", "zero3-pp2xdp2-recompute"])
 def test_zero_reproduces_the_single_process_run(runs, nproc, tp, layout, stage):
-    found, save, log = runs(nproc, tp, *layout, *ZERO[stage])
-    reference, single_save, _ = runs(1, 1)
+    found, save, log = runs(nproc, tp, *layout, *ZERO[stage], *STATISTICS)
+    reference, single_save, _ = runs(1, 1, *STATISTICS)
     assert f"ZeRO stage {stage}" in log
     assert_layout(save, tp=tp, world_size=nproc, pp=2 if layout else 1)
     assert_same_run(found, reference)
@@ -142,8 +145,8 @@ def test_rapidformers_switch_set_on_8_ranks_follows_the_single_process_fp16_run(
 def test_a_checkpoint_resumes_across_zero_stages_and_data_parallel_sizes(runs, env, tmp_path):
     """ZeRO-2 at DP=2 -> one process without ZeRO -> ZeRO-3 at DP=2, and -> ZeRO-1 at DP=2: each
     leg prints what the uninterrupted single-process run prints (optimizer state included)."""
-    _, save, _ = runs(2, 1, *ZERO2)
-    reference, _, _ = runs(1, 1)
+    _, save, _ = runs(2, 1, *ZERO2, *STATISTICS)
+    reference, _, _ = runs(1, 1, *STATISTICS)
     middle = tmp_path / "single"
     status, log = single(TINY + ["--load", checkpoint_of(save, 6, tmp_path / "zero2"), "--save", str(middle),
                                  "--exit-interval", "9", "--tensorboard-dir", str(tmp_path / "tb")], env)
@@ -157,7 +160,7 @@ def test_a_checkpoint_resumes_across_zero_stages_and_data_parallel_sizes(runs, e
         assert_same_run(values(log, tensorboard_of(leg_save)), reference[19:])    # iterations 10..12, 2 validations
 
 
-@pytest.mark.parametrize("flags", [ZERO2, FP16 + ZERO3], ids=["zero2", "zero3-fp16"])
+@pytest.mark.parametrize("flags", [ZERO2 + STATISTICS, FP16 + ZERO3], ids=["zero2", "zero3-fp16"])
 def test_a_zero_checkpoint_converts_offline_as_any_other(runs, env, tmp_path, flags):
     """A ZeRO checkpoint holds whole tensors (the optimizer state too) and the metadata of an
     unsharded run (every parameter's name, its tensor-parallel split: those of the TP=2 x DP=2 run
@@ -165,7 +168,7 @@ def test_a_zero_checkpoint_converts_offline_as_any_other(runs, env, tmp_path, fl
     and back without knowing about ZeRO."""
     import numpy as np
     _, save, _ = runs(4, 2, *flags)
-    _, reference, _ = runs(4, 2)
+    _, reference, _ = runs(4, 2, *STATISTICS)
     for rank_dir in ("mp_rank_00", "mp_rank_01"):
         ours, theirs = (json.loads(Path(folder, "iter_0000012", rank_dir, "state.json").read_text())
                         for folder in (save, reference))
@@ -192,7 +195,7 @@ def test_each_rank_holds_what_the_memory_estimate_says(runs, nproc, stage):
     scalars: step count, learning rate) and the ZeRO paper's terms (fp32: 4 + 4 + 12 bytes, at
     stage 3 4 + 4 + 8: the fp32 pieces are the main parameters). Stage 3 cuts each parameter on its
     own: rank 0 holds ceil(size / N) elements of each, at most one per parameter more than ceil(Psi / N)."""
-    _, save, log = runs(nproc, 1, *ZERO[stage])
+    _, save, log = runs(nproc, 1, *ZERO[stage], *STATISTICS)
     weights, state = map(int, HELD.search(log).groups())
     gradients = int(HANDED.search(log).group(1))
     def flag(name):

@@ -48,7 +48,7 @@ from mindspore import Parameter, ParameterTuple, nn, ops
 from rapidgpt.config.precision import PrecisionConfig
 from rapidgpt.errors import UserError
 from rapidgpt.optim.adamw import build_optimizer
-from rapidgpt.optim.clip_grads import clip_grads_by_global_norm, count_zeros, global_grad_norm
+from rapidgpt.optim.clip_grads import clip_grads_by_global_norm, count_zeros, global_grad_norm, params_norm
 from rapidgpt.optim.grad_scaler import build_grad_scaler
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.state import get_model_parallel_group, get_tensor_model_parallel_rank
@@ -154,10 +154,11 @@ class OptimizerWrapper(nn.Cell):
         zeros = ops.zeros((), ms.float32)
         if self.counts_zeros:
             zeros = count_zeros(grads, self.norm_sum_over_ranks, self.in_norm)
-        params_norm = ops.zeros((), ms.float32)
+        norm_of_params = ops.zeros((), ms.float32)
         if self.measures_params:     # the graph orders a Parameter's reads after its writes
-            params_norm = global_grad_norm(self.main_params, self.params_sum_over_ranks, self.params_in_norm)
-        return updated, norm, scale, zeros, params_norm
+            norm_of_params = params_norm(self.main_params, self.params_sum_over_ranks, self.params_in_norm,
+                                         after=zeros if self.counts_zeros else None)
+        return updated, norm, scale, zeros, norm_of_params
 
     def step(self, grads, lr):
         done = self.optimizer(grads, lr)

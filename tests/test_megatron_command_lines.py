@@ -1,16 +1,20 @@
 """Old Megatron-LM command lines (its pretrain_gpt.sh, pretrain_bert.sh, finetune_mnli_distributed.sh)
 and Rapidformer's EasyNLP ones, read as they were written: the tokenizer inferred from the
 vocabulary files, missing files named up front, several --valid-data files read in order, --task
-handed to a --user-script. Flag checks only: no process is started but the user script's."""
+handed to a --user-script. Flag checks, but for the user script's process and one process that
+trains the old pretrain_gpt.sh and pretrain_bert.sh command lines end to end."""
+import re
 import subprocess
 import sys
 from argparse import Namespace
 
 import pytest
 
+from batched_runs import BatchedRuns
 from rapidgpt.arguments import parse_args
 from rapidgpt.config.implementation_choices import implementation_choice_lines
 from rapidgpt.data.classification import classification_datasets
+from rapidgpt.data.demo_corpus import demo_bert_corpus, demo_corpus
 from test_parallel import REPO
 
 # Megatron's examples/pretrain_gpt.sh and pretrain_bert.sh (v2-v3), sizes made tiny, paths local.
@@ -18,8 +22,14 @@ OLD_GPT = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", 
            "--global-batch-size", "8", "--seq-length", "64", "--max-position-embeddings", "64", "--train-iters", "4",
            "--lr-decay-iters", "320000", "--data-impl", "mmap", "--split", "949,50,1", "--distributed-backend", "nccl",
            "--lr", "0.00015", "--min-lr", "1.0e-5", "--lr-decay-style", "cosine", "--weight-decay", "1e-2",
-           "--clip-grad", "1.0", "--lr-warmup-fraction", ".01", "--checkpoint-activations", "--log-interval", "100",
-           "--eval-interval", "1000", "--eval-iters", "10"]
+           "--clip-grad", "1.0", "--lr-warmup-fraction", ".01", "--checkpoint-activations", "--log-interval", "1",
+           "--eval-interval", "1000", "--eval-iters", "10", "--fp16"]
+OLD_BERT = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--micro-batch-size", "4",
+            "--global-batch-size", "8", "--seq-length", "64", "--max-position-embeddings", "64", "--train-iters", "4",
+            "--lr-decay-iters", "990000", "--data-impl", "mmap", "--split", "949,50,1", "--lr", "0.0001",
+            "--min-lr", "0.00001", "--lr-decay-style", "linear", "--lr-warmup-fraction", ".01", "--weight-decay",
+            "1e-2", "--clip-grad", "1.0", "--log-interval", "1", "--save-interval", "10000", "--eval-interval", "1000",
+            "--eval-iters", "10", "--fp16"]
 
 
 def files(tmp_path, *names):
@@ -106,3 +116,33 @@ def test_a_task_that_is_not_one_is_named(capsys):
     with pytest.raises(SystemExit):
         parse_args(argv=["--task", "pretrainig", "--train-iters", "4"])
     assert "--task: pretrainig is not a task; did you mean pretraining? choose one of" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def old_scripts(env, tmp_path_factory):
+    """pretrain_gpt.sh's flags with the demo corpus's GPT-2 vocabulary and merges, and
+    pretrain_bert.sh's with its WordPiece vocabulary and sentence data, neither naming a tokenizer
+    or a model, as `rapidgpt --task pretraining` (Megatron's `python pretrain_gpt.py` /
+    `pretrain_bert.py`), one after the other in one process -> {name: (exit status, output)}."""
+    gpt, bert = demo_corpus(cache_dir=env["RAPIDGPT_CACHE_DIR"]), demo_bert_corpus(cache_dir=env["RAPIDGPT_CACHE_DIR"])
+    lines = {"gpt": ["--task", "pretraining", *OLD_GPT, "--data-path", gpt["data_prefix"], "--vocab-file",
+                     gpt["vocab_file"], "--merge-file", gpt["merge_file"]],
+             "bert": ["--task", "pretraining", *OLD_BERT, "--data-path", bert["data_prefix"], "--vocab-file",
+                      bert["vocab_file"]]}
+    runs = BatchedRuns(env, tmp_path_factory.mktemp("old_scripts"), [(1, argv) for argv in lines.values()])
+    return {name: runs(1, argv)[:2] for name, argv in lines.items()}
+
+
+@pytest.mark.parametrize("script", ["gpt", "bert"])
+def test_the_old_pretraining_scripts_train_their_model(old_scripts, script):
+    """Each trains its 4 iterations (fp16 from Megatron's initial loss scale 2^32, as the scripts'
+    --fp16: these first steps are skipped while the scale comes down, and print no loss) and
+    validates its own model at the end: BERT's line has the sentence-order loss, GPT's none."""
+    status, log = old_scripts[script]
+    assert status == 0, log[-3000:]
+    assert re.findall(r" iteration\s+(\d+)/\s*4 \|", log) == ["1", "2", "3", "4"], log[-3000:]
+    assert ("tokenizer-type not given: GPT2BPETokenizer" if script == "gpt" else
+            "tokenizer-type not given: BertWordPieceLowerCase") in log
+    validation = [line for line in log.splitlines() if "validation loss at" in line]
+    assert validation and "lm loss value:" in validation[-1], log[-3000:]
+    assert ("sop loss value:" in validation[-1]) == (script == "bert"), validation[-1]

@@ -28,7 +28,10 @@ setup(
                             # check our GPT-2 byte-level BPE against it)
     ],
     extras_require={
-        "test": ["pytest", "sentencepiece", "tiktoken"],
+        # torch: the Megatron-LM checkpoint tests (the CPU build 2.13.0 lies on the CI machines' disk).
+        "test": ["pytest", "sentencepiece", "tiktoken", "torch==2.13.0"],
+        # data_tools/convert_megatron.py reads Megatron-LM's torch checkpoints with it (not Megatron itself).
+        "megatron": ["torch"],
         # --tokenizer-type GPTSentencePieceTokenizer / Llama2Tokenizer (a tokenizer.model file).
         "sentencepiece": ["sentencepiece"],
         # --tokenizer-type TikTokenizer (a tiktoken vocabulary .json).

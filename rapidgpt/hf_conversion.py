@@ -1,7 +1,8 @@
-"""The Hugging Face converters' command line (data_tools/convert_hf_*.py): the overwrite checks
-and the argument handling they share. Above training/ (a RapidGPT checkpoint is recognised by its
+"""The checkpoint converters' command line (data_tools/convert_hf*.py, convert_megatron.py): the
+overwrite checks and the argument and error handling they share. Above training/ (a RapidGPT checkpoint is recognised by its
 tracker file), so the model-side mapping in rapidgpt/models/hf_*.py stays free of it."""
 import os
+import sys
 
 from rapidgpt.errors import UserError
 from rapidgpt.models.hf_files import CONFIG, SAFETENSORS, HFConversionError
@@ -19,6 +20,19 @@ def check_conversion_targets(save=None, hf_dir=None, load=None):
         raise HFConversionError(f"--load {load}: no such directory")
 
 
+def run_converter(prog, convert):
+    """`convert() -> (..., notes)`, its notes printed on stderr -> its other values; a user error
+    (bad folder, checkpoint or flag) printed as one line -> None."""
+    try:
+        *result, notes = convert()
+    except (UserError, OSError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return None
+    for note in notes:
+        print(note, file=sys.stderr)
+    return result
+
+
 def conversion_main(prog, family, description, hf_to_checkpoint, checkpoint_to_hf, summary, argv=None):
     """The command line of a converter script for one model `family` ("GPT-2", "BERT"):
     `--hf-dir D --save OUT` runs `hf_to_checkpoint(D, OUT, ckpt_format, divisible_by) -> (path,
@@ -26,7 +40,6 @@ def conversion_main(prog, family, description, hf_to_checkpoint, checkpoint_to_h
     notes)`; then the notes on stderr and `summary(flags)` after "wrote ...". A user error (bad
     folder, checkpoint or flag) is one line and exit status 1."""
     import argparse
-    import sys
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--hf-dir", required=True,
                         help=f"Hugging Face {family} folder: read (default) or written (--to-hf)")
@@ -44,19 +57,16 @@ def conversion_main(prog, family, description, hf_to_checkpoint, checkpoint_to_h
         parser.error("give --save DIR (HF -> RapidGPT) or --to-hf --load DIR (RapidGPT -> HF)")
     if args.make_vocab_size_divisible_by < 1:
         parser.error("--make-vocab-size-divisible-by must be >= 1")
-    try:
-        if args.to_hf:
-            flags, notes = checkpoint_to_hf(args.load, args.hf_dir)
-            done = f"wrote {args.hf_dir} ({CONFIG} + {SAFETENSORS})"
-        else:
-            path, flags, notes = hf_to_checkpoint(args.hf_dir, args.save, args.ckpt_format,
-                                                  args.make_vocab_size_divisible_by)
-            done = f"wrote {path}"
-    except (UserError, OSError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+    if args.to_hf:
+        result = run_converter(prog, lambda: checkpoint_to_hf(args.load, args.hf_dir))
+        done = f"wrote {args.hf_dir} ({CONFIG} + {SAFETENSORS})"
+    else:
+        result = run_converter(prog, lambda: hf_to_checkpoint(args.hf_dir, args.save, args.ckpt_format,
+                                                              args.make_vocab_size_divisible_by))
+        done = f"wrote {result[0]}" if result else None
+    if result is None:
         return 1
-    for note in notes:
-        print(note, file=sys.stderr)
+    flags = result[-1]
     print(f"{done}: {family} with {flags['num_layers']} layers, hidden {flags['hidden_size']}, "
           f"{flags['num_attention_heads']} heads, vocabulary {flags['vocab_size']}, "
           f"{flags['max_position_embeddings']} positions{summary(flags)}")

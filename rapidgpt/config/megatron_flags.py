@@ -25,7 +25,6 @@ from rapidgpt.config.megatron_flag_shapes import COMMIT, SHAPES
 IMPLEMENTATION = {
     # kernels and fusions: MindSpore compiles the step and fuses its kernels
     "--no-masked-softmax-fusion": "attention's softmax is compiled with the step; MindSpore chooses its kernels",
-    "--no-bias-gelu-fusion": "the MLP is compiled with the step; MindSpore fuses its elementwise ops",
     "--no-bias-swiglu-fusion": "the MLP is compiled with the step; MindSpore fuses its elementwise ops",
     "--no-bias-dropout-fusion": "dropout and the residual are compiled with the step; MindSpore fuses them",
     "--no-rope-fusion": "RoPE is compiled with the step; MindSpore fuses its elementwise ops",

@@ -18,6 +18,7 @@ Qwen3 `--qk-layernorm --kv-channels 128`. Semantics as Megatron-core's GPTModel;
 as Megatron's arguments.py: --ffn-hidden-size 4h (with --swiglu int(8h/3 / 64) * 64),
 --kv-channels h / heads, --num-query-groups the heads (1 with --group-query-attention alone).
 """
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ ARCHITECTURE_FLAGS = ("position_embedding_type", "rotary_base", "rotary_percent"
                       "rope_scaling_high_freq_factor", "rope_scaling_original_max_position_embeddings",
                       "normalization", "apply_layernorm_1p", "swiglu", "group_query_attention", "num_query_groups",
                       "kv_channels",
-                      "add_bias_linear", "add_qkv_bias", "qk_layernorm")
+                      "add_bias_linear", "add_qkv_bias", "qk_layernorm", "bias_gelu_fusion")
 
 
 def add_architecture_args(parser):
@@ -68,6 +69,10 @@ def add_architecture_args(parser):
                    help="a bias on the query/key/value projection even with --disable-bias-linear (Qwen2)")
     g.add_argument("--qk-layernorm", action="store_true",
                    help="normalise each head's query and key (the --normalization kind) before RoPE (Qwen3)")
+    g.add_argument("--no-bias-gelu-fusion", action="store_false", dest="bias_gelu_fusion",
+                   help="GPT's GELU as Megatron computes it unfused: exact (erf). Megatron's fused bias-GELU "
+                        "kernel, its default, is the tanh form; without biases (--disable-bias-linear) Megatron "
+                        "never fuses, so its GELU is exact then too")
     g = parser.add_argument_group("sequence parallelism")
     g.add_argument("--sequence-parallel", action="store_true",
                    help="with --tensor-model-parallel-size > 1: the norm, dropout and residual regions hold "
@@ -183,7 +188,11 @@ class TransformerConfig:
     @classmethod
     def from_args(cls, args):
         names = [f for f in cls.__dataclass_fields__ if f not in ("causal", "activation")]
-        return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+        config = cls(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+        # Megatron-core's MLP (GELU, not gated): the fused bias-GELU kernel is the tanh approximation,
+        # and it is used only with --bias-gelu-fusion and biases; otherwise torch's exact F.gelu.
+        fused = getattr(args, "bias_gelu_fusion", True) and config.add_bias_linear
+        return dataclasses.replace(config, activation="gelu_tanh" if fused else "gelu")
 
     @property
     def output_init_std(self):

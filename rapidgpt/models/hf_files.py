@@ -152,16 +152,16 @@ def _weight_files(hf_dir):
                             f"save_pretrained (config.json + model.safetensors)")
 
 
-def check_tensor_shapes(tensors, expected, where, sizes_hint, model):
+def check_tensor_shapes(tensors, expected, where, sizes_hint, model, source=CONFIG):
     """Every tensor of `expected` ({name: shape}) is in `tensors` with that shape, and nothing else
-    is; else one HFConversionError naming the tensor (`sizes_hint`: the config.json keys to check;
-    `model`: what a folder of these tensors is)."""
+    is; else one HFConversionError naming the tensor (`sizes_hint`: the settings of `source` to
+    check; `model`: what a folder of these tensors is)."""
     for name, shape in expected.items():
         if name not in tensors:
-            raise HFConversionError(f"{where}: tensor {name} missing (check {sizes_hint} in config.json)")
+            raise HFConversionError(f"{where}: tensor {name} missing (check {sizes_hint} in {source})")
         if tuple(tensors[name].shape) != shape:
             raise HFConversionError(f"{where}: tensor {name} has shape {list(tensors[name].shape)}, "
-                                    f"config.json implies {list(shape)} (check {sizes_hint})")
+                                    f"{source} implies {list(shape)} (check {sizes_hint})")
     unexpected = sorted(set(tensors) - set(expected))
     if unexpected:
         raise HFConversionError(f"{where}: {len(unexpected)} tensors {model} does not have "

@@ -21,7 +21,8 @@ dtype, as Megatron; --apply-query-key-layer-scaling: see CoreAttention), attenti
 projection np * hn -> h. Dropout is rapidgpt.parallel.random.Dropout: its masks survive a resume
 and do not depend on the TP layout.
 
-MLP: ColumnParallelLinear h -> ffn, tanh-GELU (GPT-2's `gelu_new`; BERT: exact GELU),
+MLP: ColumnParallelLinear h -> ffn, tanh-GELU (GPT-2's `gelu_new`, Megatron's fused bias-GELU;
+exact GELU for BERT, and as Megatron with --no-bias-gelu-fusion or --disable-bias-linear),
 RowParallelLinear ffn -> h; with --swiglu the up projection holds two stacked matrices `[2, ffn,
 h]` (gate, then up; split together over TP) and the MLP is `down(silu(x W_gate) * (x W_up))`.
 Output projections use Megatron's scaled init std / sqrt(2 * num_layers). --disable-bias-linear

@@ -112,7 +112,7 @@ def read_legacy(folder):
                                           f"model1, ...) is not read")
         args = args or state.get("args")
         pieces[tp_rank, pp_rank] = {key: value.detach().float().numpy() for key, value in state["model"].items()
-                                    if torch.is_tensor(value)}                 # not the `_extra_state` blobs
+                                    if torch.is_tensor(value) and not key.endswith("_extra_state")}  # TE's FP8 state
     return args, pieces
 
 

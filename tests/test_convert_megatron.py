@@ -16,9 +16,10 @@ from test_parallel import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "megatron_checkpoints"
 # legacy TP2 and torch_dist TP2 x PP2 of a GPT-2 style model, the same formats the other way round of
-# a Llama-style one, and the GPT with Megatron's unfused (exact) GELU
-CHECKPOINTS = ("gpt_torch_tp2", "gpt_torch_dist_tp2_pp2", "llama_torch_tp2_pp2", "llama_torch_dist_tp2",
-               "gpt_exact_gelu_torch_tp1")
+# a Llama-style one (legacy also under Transformer Engine's names), and the GPT with Megatron's
+# unfused (exact) GELU
+CHECKPOINTS = ("gpt_torch_tp2", "gpt_torch_dist_tp2_pp2", "llama_torch_tp2_pp2", "llama_te_names_torch_tp2_pp2",
+               "llama_torch_dist_tp2", "gpt_exact_gelu_torch_tp1")
 # Runs the converter's command line once per (source, output) in one process (torch and MindSpore
 # imported once); prints each exit status and output between markers.
 DRIVER = """

@@ -161,6 +161,23 @@ def test_an_unavailable_device_is_refused_before_anything_starts(tmp_path, monke
     assert not (tmp_path / "rapidgpt_logs").exists()
 
 
+def test_bf16_on_the_cpu_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+    """Without --device the flag check cannot know the device; the launcher, having picked it,
+    refuses in one line (most of Megatron's configs say --bf16) instead of every rank failing."""
+    import rapidgpt.launcher
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(rapidgpt.launcher, "select_device", lambda requested: "cpu")    # as on this machine
+    (tmp_path / "s.py").write_text(SCRIPT)
+    assert main(["--user-script", "s.py", "--nproc-per-node", "2", "--bf16"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "rapidgpt: error: --bf16: MindSpore's CPU backend has no bfloat16 MatMul, Softmax, LayerNorm, Gather or "
+        "IsFinite kernels (measured with MindSpore 2.10); train in bf16 on Ascend or GPU, or use --fp16 (or fp32) "
+        "on CPU"]
+    assert not (tmp_path / "rapidgpt_logs").exists()
+
+
 def test_a_log_of_only_mindspore_records_is_not_said_to_be_empty(tmp_path, capsys):
     """A rank killed before it printed anything of its own: its log holds MindSpore's INFO/WARNING
     records only (not echoed, not a traceback). The failure line says so, with the log's size and

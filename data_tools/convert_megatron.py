@@ -16,8 +16,9 @@ tokenizer when its files exist here. The output (`iter_0000000`, weights only) t
 `--load` or finetunes with `--pretrained-checkpoint` at any layout, and needs no model flags.
 
 Needs torch (the CPU build is enough; `pip install 'rapidgpt[megatron]'`), and not Megatron.
-Refused with a reason: MoE, multi-latent attention, multi-token prediction, virtual pipeline
-stages, activations other than GELU and SwiGLU, and Megatron-core's BERT (pre-LayerNorm, where
+Refused with a reason: what RapidGPT's GPT does not compute (MoE, multi-latent attention,
+multi-token prediction, activations other than GELU and SwiGLU, sliding windows, RoPE variants
+other than Llama 3.1's scaling, ...: `_REFUSED_ARGS`), virtual pipeline stages, and Megatron-core's BERT (pre-LayerNorm, where
 RapidGPT's BERT is the original post-LayerNorm one).
 """
 import argparse
@@ -47,6 +48,19 @@ _REFUSED_ARGS = (("num_experts", "mixture-of-experts layers are not built"),
                  ("mtp_num_layers", "multi-token prediction is not built"),
                  ("squared_relu", "squared-ReLU is not built (GELU, or SwiGLU)"),
                  ("openai_gelu", "the OpenAI GELU option is not built"),
+                 ("quick_geglu", "quick-GEGLU is not built (GELU, or SwiGLU)"),
+                 ("glu_linear_offset", "an offset in the GLU is not built"),
+                 ("activation_func_clamp_value", "clamping the activation is not built"),
+                 ("apply_residual_connection_post_layernorm", "the residual taken after the norm is not built"),
+                 ("qk_l2_norm", "L2-normalised queries and keys are not built (--qk-layernorm is)"),
+                 ("attention_output_gate", "a gated attention output is not built"),
+                 ("experimental_attention_variant", "experimental attention variants are not built"),
+                 ("window_size", "sliding-window attention is not built"),
+                 ("use_mup", "muP's scaled forward is not built"),
+                 ("mrope_section", "multimodal RoPE is not built"),
+                 ("rotary_seq_len_interpolation_factor", "RoPE position interpolation is not built"),
+                 ("no_rope_freq", "layers without RoPE are not built"),
+                 ("heterogeneous_layers_config_path", "per-layer shapes are not built"),
                  ("virtual_pipeline_model_parallel_size", "virtual pipeline stages (model0, model1, ...) are not "
                                                           "read; convert a checkpoint saved without them"))
 BERT_REFUSED = ("a Megatron-core BERT checkpoint: its BertModel is pre-LayerNorm, and RapidGPT's BERT is the original "

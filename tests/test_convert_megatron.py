@@ -5,6 +5,7 @@ import json
 import re
 import subprocess
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,21 @@ def test_the_converted_model_computes_megatrons_own_losses(converted, name):
     metadata = json.loads((save / "iter_0000000" / "metadata.json").read_text())["model"]
     # Megatron's args: no fusion without biases (the Llama-style model) or with --no-bias-gelu-fusion
     assert metadata["bias_gelu_fusion"] == (name in ("gpt_torch_tp2", "gpt_torch_dist_tp2_pp2"))
+
+
+@pytest.mark.parametrize("name,value,reason", [("num_experts", 8, "mixture-of-experts layers are not built"),
+                                               ("window_size", "(4096, 0)", "sliding-window attention is not built"),
+                                               ("glu_linear_offset", 1.0, "an offset in the GLU is not built")])
+def test_what_the_gpt_does_not_compute_is_refused_naming_it(name, value, reason):
+    """A model RapidGPT's GPT would compute differently is refused, not converted into another."""
+    sys.path.insert(0, str(REPO / "data_tools"))
+    import convert_megatron
+    plain = dict(num_layers=2, hidden_size=32, num_attention_heads=4, padded_vocab_size=128,
+                 position_embedding_type="learned_absolute", glu_linear_offset=0.0)
+    with pytest.raises(convert_megatron.MegatronCheckpointError) as error:
+        convert_megatron.model_flags(Namespace(**dict(plain, **{name: value})), "ckpt")
+    assert str(error.value) == f"ckpt: the checkpoint's model has {name}={value!r}: {reason}"
+    assert convert_megatron.model_flags(Namespace(**plain), "ckpt")["vocab_size"] == 128
 
 
 def token_corpus(folder, vocab_size=1000, documents=64):

@@ -75,7 +75,7 @@ class RapidGPTEngine:
         # (e.g. a checkpoint this run resumed from) is pruned or deleted later.
         remember_tokenizer_files({key: getattr(args, key) for key in TOKENIZER_FILE_ARGS})
         set_global_variables(args, self.tokenizer, rank=rank)
-        get_logger().info(f" > graph kernel fusion: {enable_kernel_fusion(args.kernel_fusion, self.device)}")
+        get_logger().info(f" > graph kernel fusion: {enable_kernel_fusion(args.kernel_fusion, self.device, rank)}")
         get_logger().info(f" > compile cache: {describe_compile_cache(args)}")
         if records_line(rank):
             get_logger().info(records_line(rank))

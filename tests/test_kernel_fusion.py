@@ -37,7 +37,7 @@ def no_compiler(monkeypatch):
 
 
 def switch_off():
-    enable_kernel_fusion(KernelFusionConfig("off"), "cpu")
+    enable_kernel_fusion(KernelFusionConfig("off"), "cpu", 0)
 
 
 def test_a_missing_requirement_is_named():
@@ -63,14 +63,14 @@ def test_on_without_g_plus_plus_is_refused_in_one_line(no_compiler):
 
 def test_auto_falls_back_to_off_and_says_why(no_compiler):
     assert check_kernel_fusion_backend(KernelFusionConfig("auto"), "cpu") is None
-    assert enable_kernel_fusion(KernelFusionConfig("auto"), "cpu") == "off (needs g++ on PATH (e.g. apt-get install g++))"
+    assert enable_kernel_fusion(KernelFusionConfig("auto"), "cpu", 0) == "off (needs g++ on PATH (e.g. apt-get install g++))"
     assert not fuses_on_cpu()
 
 
 def test_16_bit_models_stay_unfused_on_the_cpu():
     """AKG cannot build an fp16 step's fused casts (HALF_ON_CPU): auto leaves them unfused, on is refused."""
     missing = missing_requirements("cpu")
-    state = enable_kernel_fusion(KernelFusionConfig("auto", half=True), "cpu")
+    state = enable_kernel_fusion(KernelFusionConfig("auto", half=True), "cpu", 0)
     assert state.startswith("off (needs " if missing else f"off (16-bit model: {HALF_ON_CPU})")
     assert not fuses_on_cpu()
     refusal = "it needs" if missing else "not for a 16-bit model on the CPU: MindSpore's CPU kernel compiler"
@@ -81,7 +81,7 @@ def test_16_bit_models_stay_unfused_on_the_cpu():
 def test_auto_leaves_other_devices_to_mindspore():
     ms.set_context(enable_graph_kernel=True)            # as a user may have set it
     try:
-        assert enable_kernel_fusion(KernelFusionConfig("auto"), "gpu").startswith("off unless set in MindSpore")
+        assert enable_kernel_fusion(KernelFusionConfig("auto"), "gpu", 0).startswith("off unless set in MindSpore")
         assert fuses_on_cpu()
     finally:
         switch_off()
@@ -106,7 +106,7 @@ def test_import_rapidgpt_sets_openmp_before_mindspore_loads(args, policy, thread
 
 def test_auto_is_on_where_the_requirements_are(tmp_path, monkeypatch):
     monkeypatch.setenv("MS_COMPILER_CACHE_PATH", str(tmp_path / "kernels"))
-    state = enable_kernel_fusion(KernelFusionConfig("auto"), "cpu")
+    state = enable_kernel_fusion(KernelFusionConfig("auto"), "cpu", 0)
     try:
         if missing_requirements("cpu"):
             assert state.startswith("off (needs ")
@@ -114,10 +114,27 @@ def test_auto_is_on_where_the_requirements_are(tmp_path, monkeypatch):
             assert state == (f"on (MindSpore's graph kernel fusion, MS_DEV_GRAPH_KERNEL_FLAGS=--opt_level=2, "
                              f"kernels cached in {tmp_path / 'kernels'})")
             assert fuses_on_cpu()
-        assert enable_kernel_fusion(KernelFusionConfig("off"), "cpu") == "off (--graph-kernel-fusion off)"
+        assert enable_kernel_fusion(KernelFusionConfig("off"), "cpu", 0) == "off (--graph-kernel-fusion off)"
         assert not fuses_on_cpu()
     finally:
         switch_off()
+
+
+def test_each_rank_builds_its_kernels_in_a_cache_of_its_own(tmp_path, monkeypatch):
+    """The default kernel cache is per rank (two ranks writing one cache raced: use_kernel_cache);
+    a user's own MS_COMPILER_CACHE_PATH is left as it is."""
+    import mindspore as ms
+    from rapidgpt.config import kernel_fusion
+
+    monkeypatch.setenv("RAPIDGPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MS_COMPILER_CACHE_PATH", raising=False)
+    monkeypatch.setattr(kernel_fusion, "_CACHE_SET_HERE", None)
+    base = tmp_path / "cache" / "graph_kernels" / f"mindspore-{ms.__version__}"
+    assert kernel_fusion.use_kernel_cache(1) == str(base / "rank_1")
+    assert kernel_fusion.use_kernel_cache(0) == str(base / "rank_0") == os.environ["MS_COMPILER_CACHE_PATH"]
+    assert (base / "rank_0").is_dir() and (base / "rank_1").is_dir()
+    monkeypatch.setenv("MS_COMPILER_CACHE_PATH", str(tmp_path / "mine"))
+    assert kernel_fusion.use_kernel_cache(1) == str(tmp_path / "mine")
 
 
 FUSED_COMPILE = """
@@ -125,7 +142,7 @@ import numpy as np, mindspore as ms, sys
 from mindspore import ops
 from rapidgpt.config.kernel_fusion import KernelFusionConfig, enable_kernel_fusion
 ms.set_device("CPU")
-print("state:", enable_kernel_fusion(KernelFusionConfig(sys.argv[1]), "cpu"), flush=True)
+print("state:", enable_kernel_fusion(KernelFusionConfig(sys.argv[1]), "cpu", 0), flush=True)
 x = ms.Tensor(np.linspace(-2, 2, 4096, dtype=np.float32).reshape(64, 64))
 def loss(x):
     return ops.gelu(x * 1.5 - 0.25, approximate="tanh").exp().sum()
@@ -225,7 +242,7 @@ def test_composite_layer_norm_is_the_layer_norm_and_is_used_where_the_step_is_fu
         check(norm, lambda fn: fn)
     monkeypatch.setenv("MS_COMPILER_CACHE_PATH", str(tmp_path / "kernels"))
     try:
-        state = enable_kernel_fusion(KernelFusionConfig("auto"), "cpu")
+        state = enable_kernel_fusion(KernelFusionConfig("auto"), "cpu", 0)
         other_axes = LayerNorm((16, 64), begin_norm_axis=1, begin_params_axis=1)
         model = ms.nn.SequentialCell([LayerNorm((64,), epsilon=1e-5), other_axes])
         prepare_model(model, PrecisionConfig(), RecomputeConfig())

@@ -38,8 +38,10 @@ steps (their layers compile one by one under PyNative's autograd), evaluation an
 same process (tests' batched runs, a hand-written loop with several forward functions; one line
 says so).
 
-Kernels: MindSpore keeps compiled kernels in MS_COMPILER_CACHE_PATH as well; the keyed directory
-links to the kernel cache's `akg_kernel_meta` and its lock file, so kernels stay shared. A loaded
+Kernels: MindSpore keeps compiled kernels in MS_COMPILER_CACHE_PATH as well; each rank's part of
+the keyed directory (`<key>/rank_<rank>`, its MS_COMPILER_CACHE_PATH while the step compiles)
+links to that rank's kernel cache's `akg_kernel_meta` and lock file, so kernels stay shared between
+runs. Each rank has a kernel cache of its own (rapidgpt/config/kernel_fusion.py: why). A loaded
 graph is fused in other groups than a freshly compiled one, so the first load of a graph on a
 machine builds some kernels of its own (the bench model: 8.8 s instead of 1.3 s, once).
 
@@ -189,10 +191,10 @@ class StepGraphCache:
         self.logger = logging.getLogger("rapidgpt")
 
     def saved_graph(self, directory):
-        """(size, modification time) of this rank's step in `directory`, or None unless the step is
-        there whole: its graph and the dependency hash MindSpore writes after it (a start killed
-        while saving leaves no hash, and MindSpore then compiles). A rank msrun started prefixes
-        both names with its role, MS_WORKER."""
+        """(size, modification time) of the step in this rank's `directory` (MindSpore files it in
+        `rank_<rank>/graph_cache` there), or None unless the step is there whole: its graph and the
+        dependency hash MindSpore writes after it (a start killed while saving leaves no hash, and
+        MindSpore then compiles). A rank msrun started prefixes both names with its role, MS_WORKER."""
         files = os.path.join(glob.escape(directory), f"rank_{self.rank}", "graph_cache")
         graphs = glob.glob(os.path.join(files, "*compile_cache_0.mindir"))
         if not graphs or not glob.glob(os.path.join(files, "*compile_dependency.hash")):
@@ -208,7 +210,8 @@ class StepGraphCache:
                              "this process before it (MindSpore would file it by compile order, not by its key)")
             return call()
         _SWITCHED_ON_IN_THIS_PROCESS = True
-        directory = os.path.join(self.root, graph_key(self.args, self.parameters, inputs))
+        key_directory = os.path.join(self.root, graph_key(self.args, self.parameters, inputs))
+        directory = os.path.join(key_directory, f"rank_{self.rank}")
         cached = self.saved_graph(directory)
         try:
             with self._switched_on(directory), native_stderr_in_records(self.rank):
@@ -216,12 +219,11 @@ class StepGraphCache:
         except Exception as error:  # noqa: BLE001 -- a cached graph that does not load is compiled
             if cached is None:
                 raise
-            mine = os.path.join(directory, f"rank_{self.rank}")      # the other ranks' graphs are theirs
-            self.logger.warning(f" > compile cache: the cached training step in {mine} did not load "
+            self.logger.warning(f" > compile cache: the cached training step in {directory} did not load "
                                 f"({type(error).__name__}: {error}); deleted it, compiling")
-            shutil.rmtree(mine, ignore_errors=True)
+            shutil.rmtree(directory, ignore_errors=True)     # the other ranks' graphs are theirs
             return call()
-        os.utime(directory)
+        os.utime(key_directory)
         saved = self.saved_graph(directory)
         if cached and saved == cached:
             self.logger.info(f" > compile cache: training step loaded from {directory}")
@@ -245,7 +247,7 @@ class StepGraphCache:
                     open(target, "a").close()
                 try:
                     os.symlink(target, link)
-                except FileExistsError:     # linked before, or by another rank of the job just now
+                except FileExistsError:     # linked at an earlier start
                     pass
         return _Environment({ENABLE_VARIABLE: "1", PATH_VARIABLE: directory})
 

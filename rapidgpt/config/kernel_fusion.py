@@ -10,7 +10,7 @@ half of a step's time is outside the matrix products.
 What it needs on the CPU: MindSpore compiles the fused kernels with its bundled AKG/TVM at the
 first step, which imports the `decorator` package (a RapidGPT dependency) and links each kernel
 with `g++`. Compiled kernels are cached in `MS_COMPILER_CACHE_PATH` (RapidGPT's default:
-`graph_kernels/mindspore-<version>/` in its cache, `~/.cache/rapidgpt` or $RAPIDGPT_CACHE_DIR),
+`graph_kernels/mindspore-<version>/rank_<rank>/` in its cache, `~/.cache/rapidgpt` or $RAPIDGPT_CACHE_DIR),
 so a kernel is built once per machine (the first step of a new model shape compiles for longer:
 +17 s for a tiny GPT, +30 s for the bench model; a cached kernel costs nothing). A kernel that has to be built leaves
 AKG's `dsa_transfrom.log` in the working directory (its lock file, `kernel_build_tmp.key`, goes
@@ -147,17 +147,23 @@ def openmp_note():
 _CACHE_SET_HERE = None      # the MS_COMPILER_CACHE_PATH this module set (a user's own is left alone)
 
 
-def use_kernel_cache():
+def use_kernel_cache(rank):
     """Point MS_COMPILER_CACHE_PATH (where MindSpore keeps compiled kernels; its default is the
-    working directory) at graph_kernels/mindspore-<version>/ in RapidGPT's cache, unless the user
-    set it; create it. Returns the path (OSError when it cannot be created)."""
+    working directory) at graph_kernels/mindspore-<version>/rank_<rank>/ in RapidGPT's cache, unless
+    the user set it; create it. Returns the path (OSError when it cannot be created).
+
+    One cache per rank: the ranks of a job build the same kernels at the same moment, and MindSpore
+    2.10 does not guard a shared `akg_kernel_meta` against that. Measured in the test suite: a rank
+    found a kernel another rank was still writing, failed its hash check, could not rebuild it and
+    stopped ("GetOutputKernelObjectType"), and the job with it."""
     global _CACHE_SET_HERE
     import mindspore as ms
     from rapidgpt.utils import cache_root
 
     path = os.environ.get("MS_COMPILER_CACHE_PATH")
     if path is None or path == _CACHE_SET_HERE:
-        path = _CACHE_SET_HERE = os.path.join(cache_root(), "graph_kernels", f"mindspore-{ms.__version__}")
+        path = _CACHE_SET_HERE = os.path.join(cache_root(), "graph_kernels", f"mindspore-{ms.__version__}",
+                                              f"rank_{rank}")
         os.environ["MS_COMPILER_CACHE_PATH"] = path
     os.makedirs(path, exist_ok=True)
     return path
@@ -216,8 +222,9 @@ def fuses_on_cpu():
     return ms.get_context("device_target") == "CPU" and _fusion_is_on()
 
 
-def enable_kernel_fusion(config, device):
+def enable_kernel_fusion(config, device, rank):
     """Switch fusion on or off as `config` says for `device` (checked by check_kernel_fusion_backend),
+    with this `rank`'s kernel cache,
     before anything compiles (a process may run several engines: each sets it; auto on Ascend/GPU
     leaves MindSpore's setting as it is). Returns what the start-up line says."""
     import mindspore as ms
@@ -235,7 +242,7 @@ def enable_kernel_fusion(config, device):
         state = f"on (MindSpore's graph kernel fusion, {FLAGS_VARIABLE}={FUSE})"
     else:
         try:
-            cache = use_kernel_cache()
+            cache = use_kernel_cache(rank)
             _allow_akg_repository()
             state = (f"on (MindSpore's graph kernel fusion, {FLAGS_VARIABLE}={FUSE}, kernels cached in "
                      f"{cache}){openmp_note()}")

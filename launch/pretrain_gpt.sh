@@ -19,8 +19,8 @@
 # (--log-interval --eval-interval --eval-iters --tensorboard-dir), checkpoints (--save DIR
 # --save-interval N, --load DIR to resume, --exit-interval, --keep-last-n-checkpoints), engine
 # (--device --no-jit --seed), parallelism (--nproc-per-node, --tensor-model-parallel-size,
-# --pipeline-model-parallel-size), precision (--fp16/--mixed-precision, loss-scale flags; --bf16
-# on GPU/Ascend), recompute (--recompute-*, --checkpoint-activations), ZeRO stages 1, 2 and 3
+# --pipeline-model-parallel-size), precision (--fp16/--mixed-precision, loss-scale flags; --bf16,
+# emulated on CPU), recompute (--recompute-*, --checkpoint-activations), ZeRO stages 1, 2 and 3
 # (--use-distributed-optimizer, --zero-1-memory-optimization, --zero-2-memory-optimization,
 # --zero-3-memory-optimization / --fsdp-memory-optimization). Not in this build yet, refused with
 # an explanation: the interleaved pipeline schedule and uneven pipeline stages.

@@ -46,6 +46,7 @@ class RapidGPTEngine:
         self.args = args if args is not None else parse_args(extra_args_provider, argv)
         args = self.args
         self.device = select_device(args.device)
+        args.precision = args.precision.on_device(self.device)
         problem = (check_precision_backend(args.precision, self.device)
                    or check_kernel_fusion_backend(args.kernel_fusion, self.device)
                    or check_compile_cache_environment())

@@ -291,7 +291,7 @@ def optimizer_bytes_per_parameter(optimizer, sgd_momentum, half, main_copies=Fal
 def layout_from_args(args):
     """The RunLayout of validated training flags (rapidgpt.arguments)."""
     precision, recompute = args.precision, args.recompute
-    params_bytes = 2 if precision.half else 4
+    params_bytes = precision.param_bytes
     zero_stage = args.zero.stage
     return RunLayout(
         tensor_parallel=args.tensor_model_parallel_size, pipeline_parallel=args.pipeline_model_parallel_size,

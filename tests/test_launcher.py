@@ -161,20 +161,20 @@ def test_an_unavailable_device_is_refused_before_anything_starts(tmp_path, monke
     assert not (tmp_path / "rapidgpt_logs").exists()
 
 
-def test_bf16_on_the_cpu_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+def test_what_the_cpu_cannot_do_of_bf16_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
     """Without --device the flag check cannot know the device; the launcher, having picked it,
-    refuses in one line (most of Megatron's configs say --bf16) instead of every rank failing."""
+    refuses in one line instead of every rank failing: bf16 is emulated on the CPU, in fp32
+    tensors, so its gradients cannot be reduced in bf16."""
     import rapidgpt.launcher
     for name in LAUNCH_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(rapidgpt.launcher, "select_device", lambda requested: "cpu")    # as on this machine
     (tmp_path / "s.py").write_text(SCRIPT)
-    assert main(["--user-script", "s.py", "--nproc-per-node", "2", "--bf16"]) == 2
+    assert main(["--user-script", "s.py", "--nproc-per-node", "2", "--bf16", "--grad-reduce-in-bf16"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "rapidgpt: error: --bf16: MindSpore's CPU backend has no bfloat16 MatMul, Softmax, LayerNorm, Gather or "
-        "IsFinite kernels (measured with MindSpore 2.10); train in bf16 on Ascend or GPU, or use --fp16 (or fp32) "
-        "on CPU"]
+        "rapidgpt: error: --grad-reduce-in-bf16: bf16 is emulated on the CPU backend (it has no bf16 kernels), in "
+        "fp32 tensors, and the gradients are reduced in fp32; remove --grad-reduce-in-bf16 there"]
     assert not (tmp_path / "rapidgpt_logs").exists()
 
 

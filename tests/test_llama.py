@@ -67,12 +67,23 @@ def ref_inv_freq(flags, dim):
     return np.array(out)
 
 
-def ref_rope(x, positions, flags):
+def exact(x):
+    return x
+
+
+def bf16(x):
+    """x rounded to bf16 values (to float32, then to nearest even in the upper 16 bits), as float64."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def ref_rope(x, positions, flags, rnd=exact):
     """x [b, s, n, d]: Llama's rotate_half on the first rot channels, or Megatron's interleaved pairs."""
     d = x.shape[-1]
     rot = int(d * flag(flags, "--rotary-percent", 1.0)) // 2 * 2
     freqs = np.outer(positions, ref_inv_freq(flags, rot))                     # [s, rot/2]
-    cos, sin = np.cos(freqs)[None, :, None], np.sin(freqs)[None, :, None]
+    cos, sin = rnd(np.cos(freqs)[None, :, None]), rnd(np.sin(freqs)[None, :, None])
     out = x.copy()
     if "--rotary-interleaved" in flags:
         even, odd = x[..., 0:rot:2], x[..., 1:rot:2]
@@ -83,10 +94,11 @@ def ref_rope(x, positions, flags):
         first, second = x[..., :half], x[..., half:rot]
         out[..., :half] = first * cos - second * sin
         out[..., half:rot] = second * cos + first * sin
-    return out
+    return rnd(out)
 
 
-def ref_logits(p, tokens, positions, flags, vocab):
+def ref_logits(p, tokens, positions, flags, vocab, rnd=exact):
+    """The logits `[b, s, vocab]`; `rnd` rounds each op's result (bf16: as a bf16 run holds it)."""
     h, heads = flag(flags, "--hidden-size", 0), flag(flags, "--num-attention-heads", 0)
     groups = flag(flags, "--num-query-groups", heads)
     d = flag(flags, "--kv-channels", h // heads)
@@ -94,52 +106,56 @@ def ref_logits(p, tokens, positions, flags, vocab):
     b, s = tokens.shape
     x = p["word_embeddings.weight"][tokens]
     if flag(flags, "--position-embedding-type", "learned_absolute") == "learned_absolute":
-        x = x + p["position_embeddings.weight"][positions]
+        x = rnd(x + p["position_embeddings.weight"][positions])
+
+    def linear(a, weight, bias=None):
+        y = rnd(a @ weight.T)
+        return y if bias is None else rnd(y + bias)
+
     for i in range(flag(flags, "--num-layers", 0)):
         pre = f"layers.{i}."
-        a = ref_norm(x, p, pre + "input_layernorm", flags, eps)
+        a = rnd(ref_norm(x, p, pre + "input_layernorm", flags, eps))
         w = p[pre + "self_attention.query_key_value.weight"].reshape(groups, r + 2, d, h)
-        bias = p.get(pre + "self_attention.query_key_value.bias", np.zeros(groups * (r + 2) * d)).reshape(groups, r + 2, d)
-        q = (a @ w[:, :r].reshape(-1, h).T + bias[:, :r].reshape(-1)).reshape(b, s, heads, d)
-        k = (a @ w[:, r].reshape(-1, h).T + bias[:, r].reshape(-1)).reshape(b, s, groups, d)
-        v = (a @ w[:, r + 1].reshape(-1, h).T + bias[:, r + 1].reshape(-1)).reshape(b, s, groups, d)
+        bias = p.get(pre + "self_attention.query_key_value.bias")
+        bias = None if bias is None else bias.reshape(groups, r + 2, d)
+        q, k, v = (linear(a, w[:, j].reshape(-1, h), None if bias is None else bias[:, j].reshape(-1))
+                   for j in (slice(0, r), r, r + 1))
+        q, k, v = q.reshape(b, s, heads, d), k.reshape(b, s, groups, d), v.reshape(b, s, groups, d)
         if "--qk-layernorm" in flags:
-            q = ref_norm(q, p, pre + "self_attention.q_layernorm", flags, eps)
-            k = ref_norm(k, p, pre + "self_attention.k_layernorm", flags, eps)
+            q = rnd(ref_norm(q, p, pre + "self_attention.q_layernorm", flags, eps))
+            k = rnd(ref_norm(k, p, pre + "self_attention.k_layernorm", flags, eps))
         if "rope" in flags:
-            q, k = ref_rope(q, positions, flags), ref_rope(k, positions, flags)
+            q, k = ref_rope(q, positions, flags, rnd), ref_rope(k, positions, flags, rnd)
         k, v = np.repeat(k, r, axis=2), np.repeat(v, r, axis=2)              # transformers' repeat_kv
-        scores = np.einsum("bqnd,bknd->bnqk", q, k) / math.sqrt(d)
+        scores = rnd(np.einsum("bqnd,bknd->bnqk", q, k) / math.sqrt(d))
         scores = np.where(np.triu(np.ones((s, s), bool), 1), -np.inf, scores)
         probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        context = np.einsum("bnqk,bknd->bqnd", probs, v).reshape(b, s, heads * d)
-        x = x + context @ p[pre + "self_attention.dense.weight"].T + p.get(pre + "self_attention.dense.bias", 0)
-        a = ref_norm(x, p, pre + "post_attention_layernorm", flags, eps)
+        probs = rnd(probs / probs.sum(-1, keepdims=True))
+        context = rnd(np.einsum("bnqk,bknd->bqnd", probs, v)).reshape(b, s, heads * d)
+        x = rnd(x + linear(context, p[pre + "self_attention.dense.weight"], p.get(pre + "self_attention.dense.bias")))
+        a = rnd(ref_norm(x, p, pre + "post_attention_layernorm", flags, eps))
         fc1 = p[pre + "mlp.dense_h_to_4h.weight"]
         if "--swiglu" in flags:
-            gate, up = a @ fc1[0].T, a @ fc1[1].T
-            hidden = gate / (1 + np.exp(-gate)) * up
+            gate, up = linear(a, fc1[0]), linear(a, fc1[1])
+            hidden = rnd(gate / (1 + np.exp(-gate)) * up)
         else:
-            u = a @ fc1.T + p[pre + "mlp.dense_h_to_4h.bias"]
-            hidden = 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
-        x = x + hidden @ p[pre + "mlp.dense_4h_to_h.weight"].T + p.get(pre + "mlp.dense_4h_to_h.bias", 0)
-    x = ref_norm(x, p, "final_layernorm", flags, eps)
+            u = linear(a, fc1, p[pre + "mlp.dense_h_to_4h.bias"])
+            hidden = rnd(0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3))))
+        x = rnd(x + linear(hidden, p[pre + "mlp.dense_4h_to_h.weight"], p.get(pre + "mlp.dense_4h_to_h.bias")))
+    x = rnd(ref_norm(x, p, "final_layernorm", flags, eps))
     out = p.get("output_layer.weight", p["word_embeddings.weight"])
-    return (x @ out.T)[..., :vocab]
+    return linear(x, out)[..., :vocab]
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_logits_and_losses_equal_the_reference_at_many_positions(kind):
+def random_model(flags, rng):
+    """(the built-in GPT of `flags` with every weight random, {name: float64 value}), in eval mode."""
     import mindspore as ms
     from mindspore import Tensor
 
     from rapidgpt.arguments import parse_args
     from rapidgpt.models.gpt import build_gpt_model
 
-    flags = [*BASE, *KINDS[kind]]
     model = build_gpt_model(parse_args(argv=flags), 100)
-    rng = np.random.default_rng(7)
     params = {}
     for name, param in model.parameters_and_names():
         value = rng.standard_normal(param.shape) * (0.3 if param.ndim == 1 else 0.15)
@@ -148,6 +164,16 @@ def test_logits_and_losses_equal_the_reference_at_many_positions(kind):
         param.set_data(Tensor(value, ms.float32))
         params[name] = value.astype(np.float32).astype(np.float64)
     model.set_train(False)
+    return model, params
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_logits_and_losses_equal_the_reference_at_many_positions(kind):
+    from mindspore import Tensor
+
+    flags = [*BASE, *KINDS[kind]]
+    rng = np.random.default_rng(7)
+    model, params = random_model(flags, rng)
     tokens = rng.integers(0, 100, (2, 24))
     for start in (0, 97):                                # positions 97..120: far past the original 64
         positions = np.arange(start, start + 24)
@@ -161,6 +187,34 @@ def test_logits_and_losses_equal_the_reference_at_many_positions(kind):
         log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
         reference = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
         np.testing.assert_allclose(losses, reference, rtol=0, atol=1e-5, err_msg=f"{kind} losses from {start}")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "neox"])
+def test_emulated_bf16_rounds_where_a_bf16_run_holds_bf16(kind):
+    """--bf16 on the CPU (rapidgpt/emulated_bf16.py): the logits equal the reference with every op's
+    result rounded to bf16 (`ref_logits(..., rnd=bf16)`), far closer than to the exact one. A value
+    that the model and the float64 reference round to either side of a bf16 midpoint differs by
+    one bf16 step (1/128 relative), so a few do; a missing rounding anywhere moves most of them."""
+    from mindspore import Tensor
+
+    from rapidgpt.emulated_bf16 import emulate_bf16
+
+    flags = [*BASE, *KINDS[kind]]
+    rng = np.random.default_rng(11)
+    model, params = random_model(flags, rng)
+    assert emulate_bf16(model) == []
+    params = {name: bf16(value) for name, value in params.items()}
+    for name, param in model.parameters_and_names():
+        np.testing.assert_array_equal(param.asnumpy(), params[name], err_msg=name)
+    tokens = rng.integers(0, 100, (2, 24))
+    positions = np.arange(5, 29)
+    found = model(Tensor(tokens.astype(np.int32)), Tensor(np.tile(positions, (2, 1)).astype(np.int32))).asnumpy()
+    rounded, unrounded = (ref_logits(params, tokens, positions, flags, 100, rnd) for rnd in (bf16, exact))
+    np.testing.assert_array_equal(found, bf16(found))                       # bf16 values
+    scale = np.abs(rounded).max()
+    off_rounded, off_exact = np.abs(found - rounded) / scale, np.abs(found - unrounded) / scale
+    assert np.mean(off_rounded < 1e-6) > 0.9, (np.mean(off_rounded < 1e-6), off_rounded.max())
+    assert off_rounded.mean() < 0.1 * off_exact.mean(), (off_rounded.mean(), off_exact.mean())
 
 
 # ---- every layout prints the single process's run ------------------------------------------------

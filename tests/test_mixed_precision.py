@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 
-from rapidgpt.arguments import ArgumentError, parse_args
+from rapidgpt.arguments import parse_args
 from rapidgpt.config.precision import PrecisionConfig
 from rapidgpt.optim import DynamicGradScaler, OptimizerWrapper, SGD
 from rapidgpt.tasks.pretraining import main as pretrain_main
@@ -122,11 +122,46 @@ def test_the_scaler_inside_a_compiled_step_skips_overflows_without_touching_anyt
     np.testing.assert_array_equal(net.weight.asnumpy(), wrapper.main_params[0].asnumpy().astype(np.float16))
 
 
-def test_bf16_is_refused_on_the_cpu_backend_with_one_line():
-    from rapidgpt.engine import RapidGPTEngine
-    args = parse_args(argv=["--task", "pretraining", "--train-iters", "2", "--bf16"])   # device: automatic
-    with pytest.raises(ArgumentError, match="--bf16: MindSpore's CPU backend has no bfloat16 MatMul"):
-        RapidGPTEngine(args=args)
+def test_round_to_bf16_is_round_to_nearest_even_and_so_is_its_gradient():
+    """rapidgpt.emulated_bf16.round_to_bf16 against the bit rule (ties to the even bf16 value)."""
+    from rapidgpt.emulated_bf16 import round_to_bf16
+
+    def reference(x):
+        bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+    tie_down, tie_up = np.uint32(0x3F808000).view(np.float32), np.uint32(0x3F818000).view(np.float32)
+    x = np.concatenate([[tie_down, tie_up, 1.0, -3.0e-3, 65504.0 * 3],
+                        np.random.default_rng(0).standard_normal(1000) * 10]).astype(np.float32)
+    assert list(reference(np.array([tie_down, tie_up])).view(np.uint32)) == [0x3F800000, 0x3F820000]   # to even
+    cotangent = (np.random.default_rng(1).standard_normal(x.size) * 3).astype(np.float32)
+
+    def loss(value):
+        return (round_to_bf16(value) * Tensor(cotangent)).sum()
+
+    value, grad = ms.value_and_grad(loss)(Tensor(x))
+    np.testing.assert_array_equal(round_to_bf16(Tensor(x)).asnumpy(), reference(x))
+    np.testing.assert_array_equal(grad.asnumpy(), reference(cotangent))
+
+
+def test_bf16_on_the_cpu_is_emulated_near_fp32_and_resumes_exactly(tmp_path, capsys):
+    """--bf16 on the CPU backend (no bf16 kernels): emulated (the layers' rounding: tests/test_llama.py).
+    It trains near the fp32 run but not as it, its checkpoints hold the fp32 main weights (not bf16
+    values), and a resume, whose model weights are rounded again from those, continues exactly."""
+    args = ["--train-iters", "8", "--bf16", "--lr-decay-iters", "20"]
+    full, out = run(capsys, *args)
+    assert " > precision: emulated bf16 (fp32 tensors holding bf16 values: the CPU backend has no bf16 kernels) " \
+           "parameters and activations, fp32 main parameters and optimizer state; no loss scaling" in out
+    fp32, _ = run(capsys, "--train-iters", "8", "--lr-decay-iters", "20")
+    losses = np.array([[float(lines[i][0]) for i in range(1, 9)] for lines in (full, fp32)])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=2e-2)
+    assert np.abs(losses[0] - losses[1]).max() > 1e-5
+    save = str(tmp_path / "ckpt")
+    run(capsys, *args, "--save", save, "--save-interval", "4", "--exit-interval", "4")
+    resumed, _ = run(capsys, *args, "--load", save)
+    assert {i: full[i] for i in range(5, 9)} == resumed
+    weights = gathered_tensors(save)["layers.0.mlp.dense_h_to_4h.weight"]
+    assert weights.dtype == np.float32 and np.any(weights.view(np.uint32) & 0xFFFF)
 
 
 # ---- fp16 training through the engine -----------------------------------------------------------

@@ -87,8 +87,10 @@ class KernelFusionConfig:
 # Measured with MindSpore 2.10: AKG fails to build a fused kernel of an fp16 step on the CPU
 # ("Check failed: attr->IsInstance<StringImm>()" in GetDstTypeFromAttrs, for a fused pair of
 # casts), and the step then fails at its first compile; fp16 is slower than fp32 on the CPU anyway.
+# An emulated bf16 step (rapidgpt/emulated_bf16.py) fails the same way: "Not support dtype str
+# bfloat16" for its fp32 -> bf16 -> fp32 casts.
 HALF_ON_CPU = ("MindSpore's CPU kernel compiler (AKG) fails to build the fused casts of a 16-bit step "
-               "(measured with --fp16, MindSpore 2.10)")
+               "(measured with --fp16 and --bf16, MindSpore 2.10)")
 
 
 def add_kernel_fusion_args(parser):

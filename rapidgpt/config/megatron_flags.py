@@ -140,8 +140,7 @@ REFUSED = [
      ("--moe-*", "--num-experts", "--expert-*", "--overlap-moe-expert-parallel-comm", "--ep-overlap-*",
       "--overlap-dispatch-backward-with-experts-wgrad", "--high-priority-a2a-comm-stream", "--use-grouped-gemm-*",
       "--gtp-expert-remat-nccl-ub"), ("moe",)),
-    ("FP8/FP4 training is not built (Transformer Engine on Hopper/Blackwell GPUs); use --fp16, or --bf16 on "
-     "GPU/Ascend",
+    ("FP8/FP4 training is not built (Transformer Engine on Hopper/Blackwell GPUs); use --bf16 or --fp16",
      ("--fp8*", "--fp4*", "--no-fp8-wgrad", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16",
       "--num-layers-at-end-in-bf16", "--keep-fp8-transpose-cache", "--reuse-grad-buf-for-mxfp8-param-ag",
       "--te-precision-config-file", "--use-kitchen-attention", "--kitchen-attention-backend"), ("Transformer-Engine",)),

@@ -12,8 +12,10 @@ rapidgpt/training/model_transforms.py for the model side):
   gets a static one only with `--loss-scale`.
 - `--accumulate-allreduce-grads-in-fp32`: micro-batch gradients are summed and data-parallel
   averaged in fp32 (always in fp32 runs; for bf16 unless `--grad-reduce-in-bf16`, as in Megatron).
+- bf16 on the CPU backend, which has no bf16 kernels, is emulated: fp32 tensors holding bf16 values
+  (rapidgpt/emulated_bf16.py: what is rounded where). The same algorithm, in 4 bytes a value.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 DEFAULT_INITIAL_LOSS_SCALE = 2.0 ** 32
@@ -27,7 +29,8 @@ _DYNAMIC_SCALING_FLAGS = {"initial_loss_scale": DEFAULT_INITIAL_LOSS_SCALE, "min
 @dataclass(frozen=True)
 class PrecisionConfig:
     """params_dtype: "float32", "float16" or "bfloat16" (MindSpore dtype names).
-    loss_scale: a static scale, or None (fp16: dynamic scaling; bf16/fp32: no scaling)."""
+    loss_scale: a static scale, or None (fp16: dynamic scaling; bf16/fp32: no scaling).
+    emulated_bf16: bf16 values in fp32 tensors (a backend without bf16 kernels: `on_device`)."""
     params_dtype: str = "float32"
     loss_scale: Optional[float] = None
     initial_loss_scale: float = DEFAULT_INITIAL_LOSS_SCALE
@@ -36,6 +39,20 @@ class PrecisionConfig:
     hysteresis: int = DEFAULT_HYSTERESIS
     attention_softmax_in_fp32: bool = False
     accumulate_allreduce_grads_in_fp32: bool = True
+    emulated_bf16: bool = False
+
+    def on_device(self, device):
+        """This precision as `device` (cpu/gpu/ascend) runs it: bf16 is emulated on the CPU."""
+        return replace(self, emulated_bf16=self.params_dtype == "bfloat16" and device == "cpu")
+
+    @property
+    def storage_dtype(self):
+        """The dtype of the model's parameters and activations (MindSpore's name)."""
+        return "float32" if self.emulated_bf16 else self.params_dtype
+
+    @property
+    def param_bytes(self):
+        return 4 if self.storage_dtype == "float32" else 2
 
     @property
     def half(self):
@@ -54,6 +71,8 @@ class PrecisionConfig:
         if not self.half:
             return "fp32"
         bits = "fp16" if self.params_dtype == "float16" else "bf16"
+        if self.emulated_bf16:
+            bits = "emulated bf16 (fp32 tensors holding bf16 values: the CPU backend has no bf16 kernels)"
         text = f"{bits} parameters and activations, fp32 main parameters and optimizer state; "
         if self.dynamic_loss_scaling:
             text += (f"dynamic loss scale from {self.initial_loss_scale:g} (window {self.loss_scale_window}, "
@@ -78,8 +97,8 @@ def add_precision_args(parser):
         "16-bit model with fp32 main parameters and optimizer state, as Megatron's Float16 optimizer")
     g.add_argument("--fp16", action="store_true", help="fp16 parameters and activations, dynamic loss scaling")
     g.add_argument("--bf16", action="store_true",
-                   help="bf16 parameters and activations, no loss scaling (Ascend/GPU: MindSpore's CPU "
-                        "backend has no bf16 MatMul/Softmax/LayerNorm kernels, so it is refused there)")
+                   help="bf16 parameters and activations, no loss scaling (MindSpore's CPU backend has no "
+                        "bf16 kernels: there fp32 tensors hold the bf16 values, emulated)")
     g.add_argument("--mixed-precision", action="store_true", help="Rapidformer's switch: the same as --fp16")
     g.add_argument("--loss-scale", type=float, default=None,
                    help="static loss scale (fp16/bf16); without it fp16 scales dynamically")
@@ -140,14 +159,14 @@ def check_precision_args(args, check):
         args.accumulate_allreduce_grads_in_fp32 = True
     args.precision = PrecisionConfig.from_args(args)
     if args.device:          # else the engine asks once it has picked the device
+        args.precision = args.precision.on_device(args.device)
         problem = check_precision_backend(args.precision, args.device)
         check.require(problem is None, problem)
 
 
 def check_precision_backend(precision, device):
-    """One line instead of a crash inside a kernel: bf16 needs Ascend or GPU (`device`: cpu/gpu/ascend)."""
-    if precision.params_dtype == "bfloat16" and device == "cpu":
-        return ("--bf16: MindSpore's CPU backend has no bfloat16 MatMul, Softmax, LayerNorm, Gather or "
-                "IsFinite kernels (measured with MindSpore 2.10); train in bf16 on Ascend or GPU, or use "
-                "--fp16 (or fp32) on CPU")
+    """One line for what `device` (cpu/gpu/ascend) cannot do of `precision`, or None."""
+    if precision.on_device(device).emulated_bf16 and not precision.accumulate_allreduce_grads_in_fp32:
+        return ("--grad-reduce-in-bf16: bf16 is emulated on the CPU backend (it has no bf16 kernels), in "
+                "fp32 tensors, and the gradients are reduced in fp32; remove --grad-reduce-in-bf16 there")
     return None

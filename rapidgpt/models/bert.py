@@ -36,6 +36,7 @@ from mindspore import nn, ops
 
 from rapidgpt.models.gpt import LanguageModelHead, LanguageModelStage, padded_vocab_size_of, stage_word_embeddings
 from rapidgpt.config.transformer import TransformerConfig
+from rapidgpt.emulated_bf16 import RoundsToBf16
 from rapidgpt.models.norms import LayerNorm
 from rapidgpt.models.transformer import ParallelAttention, ParallelMLP, TransformerLayers
 from rapidgpt.parallel.fully_sharded import ShardableLayer
@@ -51,7 +52,7 @@ def bert_config(config):
     return dataclasses.replace(config, causal=False, activation="gelu")
 
 
-class BertLayer(nn.Cell):
+class BertLayer(RoundsToBf16, nn.Cell):
     """One post-LayerNorm encoder layer: `(x [b, s, h], padding mask [b, 1, 1, s] True = hidden) -> [b, s, h]`;
     `layer_number`: its place in the model, from 1."""
 
@@ -66,8 +67,9 @@ class BertLayer(nn.Cell):
         self.post_mlp_dropout = Dropout(config.hidden_dropout)
 
     def construct(self, x, attention_mask=None, rotary=None):
-        x = self.post_attention_layernorm(x + self.post_attention_dropout(self.self_attention(x, attention_mask, rotary)))
-        return self.post_mlp_layernorm(x + self.post_mlp_dropout(self.mlp(x)))
+        attention = self.post_attention_dropout(self.self_attention(x, attention_mask, rotary))
+        x = self.post_attention_layernorm(self.rounded(x + attention))
+        return self.post_mlp_layernorm(self.rounded(x + self.post_mlp_dropout(self.mlp(x))))
 
 
 class VocabParallelBias(ShardableLayer, nn.Cell):
@@ -82,7 +84,7 @@ class VocabParallelBias(ShardableLayer, nn.Cell):
         self.weight_names = ("bias",)
 
 
-class BertLMHead(nn.Cell):
+class BertLMHead(RoundsToBf16, nn.Cell):
     """The masked-LM head: `(x [b, s, h], word embeddings [padded / tp, h]) -> [b, s, h]` transformed,
     whose product with the embeddings (plus `output_bias`) gives the logits (LanguageModelHead)."""
 
@@ -93,7 +95,7 @@ class BertLMHead(nn.Cell):
         self.output_bias = VocabParallelBias(padded_vocab_size, vocab_size)
 
     def construct(self, x):
-        return self.layernorm(ops.gelu(self.dense(x), approximate="none"))
+        return self.layernorm(self.rounded(ops.gelu(self.dense(x), approximate="none")))
 
 
 class BertModel(LanguageModelStage):
@@ -125,11 +127,12 @@ class BertModel(LanguageModelStage):
         b, s = attention_mask.shape
         hidden = (attention_mask < 0.5).reshape(b, 1, 1, s)              # True = padding key
         if self.pre_process:
-            x = self.word_embeddings(input_ids) + self.position_embeddings(graph_arange(0, s))
+            x = self.rounded(self.word_embeddings(input_ids) + self.position_embeddings(graph_arange(0, s)))
             if tokentype_ids is not None:
                 x = x + self.tokentype_embeddings(tokentype_ids)
             else:                                                         # all type 0
                 x = x + self.tokentype_embeddings.whole_weights()[0][0]
+            x = self.rounded(x)
             x = self.embedding_dropout(self.embedding_layernorm(x))
         else:
             x = self.input_tensor
@@ -137,7 +140,7 @@ class BertModel(LanguageModelStage):
 
     def pool(self, x):
         """`[b, s, h]` -> `[b, h]`: tanh(pooler(x[:, 0])), the [CLS] position."""
-        return ops.tanh(self.pooler(x[:, 0]))
+        return self.rounded(ops.tanh(self.pooler(x[:, 0])))
 
     def construct(self, input_ids, attention_mask, tokentype_ids=None, lm_labels=None):
         x = self.encode(input_ids, attention_mask, tokentype_ids)

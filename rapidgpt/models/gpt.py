@@ -24,6 +24,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from rapidgpt.config.transformer import TransformerConfig
+from rapidgpt.emulated_bf16 import RoundsToBf16
 from rapidgpt.models.norms import build_norm
 from rapidgpt.models.rotary import RotaryEmbedding
 from rapidgpt.models.transformer import ParallelTransformerLayer, TransformerLayers
@@ -49,7 +50,7 @@ def stage_word_embeddings(padded_vocab_size, vocab_size, hidden_size, init_std, 
     return embeddings
 
 
-class LanguageModelStage(nn.Cell):
+class LanguageModelStage(RoundsToBf16, nn.Cell):
     """What the built-in models (GPTModel, BertModel) share: `vocab_size` real rows of
     `padded_vocab_size`, and the part of the model this rank's pipeline stage holds:
     `pre_process` (the first stage: embeddings), `post_process` (the last: the heads; None: as this
@@ -128,7 +129,7 @@ class GPTModel(LanguageModelStage):
     def embed(self, tokens, position_ids):
         """`[b, s]` -> `[b, s, h]`: the word embeddings, plus the learned positions' when there are."""
         x = self.word_embeddings(tokens)
-        return x + self.position_embeddings(position_ids) if self.learned_positions else x
+        return self.rounded(x + self.position_embeddings(position_ids)) if self.learned_positions else x
 
     def logits(self, x):
         """`[b, s, h]` final hidden states -> `[b*s, vocab]` logits over the true vocabulary."""
@@ -169,7 +170,7 @@ class SubCell(nn.Cell):
         return self.cell(x)
 
 
-class LanguageModelHead(nn.Cell):
+class LanguageModelHead(RoundsToBf16, nn.Cell):
     """The output layer and the loss, without parameters of their own: the output weight
     `[padded / tp, h]` (the word embeddings, or the untied output layer's) is an input.
 
@@ -200,9 +201,9 @@ class LanguageModelHead(nn.Cell):
         x = x.reshape(b * s, h)
         if self.tp > 1:
             x = self.copy_to_region(x)
-        logits = self.logits_matmul(x, weight)
+        logits = self.rounded(self.logits_matmul(x, weight))    # emulated bf16: bf16 logits, as a bf16 run's
         if bias is not None:
-            logits = logits + bias
+            logits = self.rounded(logits + bias)
         return logits if logits.dtype == ms.float32 else logits.astype(ms.float32)
 
     def logits(self, x, weight, bias=None):

@@ -1,7 +1,8 @@
 """The normalisations of the built-in models (--normalization, rapidgpt/config/transformer.py):
 LayerNorm and RMSNorm over the last axis `[..., h]`, computed in fp32 whatever the input and
 parameter dtype, the result in the input's dtype (Megatron's fused-norm semantics for 16-bit
-models; a no-op cast in fp32 models).
+models; a no-op cast in fp32 models), rounded to bf16 values under emulated bf16
+(rapidgpt/emulated_bf16.py).
 
 Both are ShardableLayers (ZeRO-3 gathers their weights) and take two options of Megatron's:
 - `one_p` (--apply-layernorm-1p): the scale is stored centred on zero, initialised to 0, and the
@@ -15,6 +16,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from rapidgpt.emulated_bf16 import RoundsToBf16
 from rapidgpt.parallel.fully_sharded import ShardableLayer
 from rapidgpt.parallel.mappings import CopyToTensorParallelRegion
 from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
@@ -52,7 +54,7 @@ class _NormOptions:
         return ((weights[0] + 1.0,) + weights[1:]) if self.one_p else weights
 
 
-class LayerNorm(ShardableLayer, _NormOptions, nn.LayerNorm):
+class LayerNorm(ShardableLayer, RoundsToBf16, _NormOptions, nn.LayerNorm):
     """mindspore.nn.LayerNorm (same parameters, `gamma` and `beta`) in fp32 (module docstring).
     `composite` (set where the CPU step is fused, rapidgpt/training/model_transforms.py): fp32
     LayerNorm as `composite_layer_norm` instead of MindSpore's kernel -- the same formula, rounded
@@ -70,14 +72,14 @@ class LayerNorm(ShardableLayer, _NormOptions, nn.LayerNorm):
         gamma, beta = self._applied(self.whole_weights())
         if x.dtype == ms.float32:                                   # decided while compiling
             if self.composite:
-                return composite_layer_norm(x, gamma, beta, self.epsilon)
+                return self.rounded(composite_layer_norm(x, gamma, beta, self.epsilon))
             y, _, _ = self.layer_norm(x, gamma, beta)
-            return y
+            return self.rounded(y)
         y, _, _ = self.layer_norm(x.astype(ms.float32), gamma, beta)
         return y.astype(x.dtype)
 
 
-class RMSNorm(ShardableLayer, _NormOptions, nn.Cell):
+class RMSNorm(ShardableLayer, RoundsToBf16, _NormOptions, nn.Cell):
     """`x / sqrt(mean(x^2) + eps) * weight` over the last axis (Llama's; no bias, no centring),
     in fp32 (module docstring). Written as composite ops, which graph kernel fusion fuses."""
 
@@ -93,7 +95,7 @@ class RMSNorm(ShardableLayer, _NormOptions, nn.Cell):
         (weight,) = self._applied(self.whole_weights())
         x32 = x.astype(ms.float32)
         y = x32 * ops.rsqrt((x32 * x32).mean(-1, keep_dims=True) + self.epsilon) * weight
-        return y.astype(x.dtype)
+        return self.rounded(y.astype(x.dtype))
 
 
 def build_norm(config, size, summed_over_tp=False):

@@ -36,7 +36,9 @@ projections' biases) get their gradients summed over the TP ranks. Dropout masks
 sequence-parallel parts of the masks of the whole sequence, so the run is the one without it.
 
 Mixed precision: in a 16-bit model every matrix product runs in 16-bit, while the norms compute
-in fp32 (rapidgpt/models/norms.py) and the GPT's loss too (rapidgpt/models/gpt.py).
+in fp32 (rapidgpt/models/norms.py) and the GPT's loss too (rapidgpt/models/gpt.py). Under emulated
+bf16 (rapidgpt/emulated_bf16.py) each result below that a bf16 run holds in bf16 is rounded: the
+scaled scores, the probabilities, the context, the rotated q and k, the activation, the residual sums.
 
 ZeRO-3 (rapidgpt/parallel/fully_sharded.py): every layer here that owns parameters is a
 ShardableLayer and gathers its own weights (`whole_weights()`); the composite cells hold no
@@ -48,6 +50,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 import mindspore as ms
 
+from rapidgpt.emulated_bf16 import RoundsToBf16
 from rapidgpt.models.norms import build_norm
 from rapidgpt.models.rotary import apply_rotary
 from rapidgpt.parallel.layers import ColumnParallelLinear, RowParallelLinear, divide
@@ -67,7 +70,7 @@ def mask_scores(scores, mask):
     return scores * (1.0 - hidden) + hidden * -10000.0
 
 
-class CoreAttention(nn.Cell):
+class CoreAttention(RoundsToBf16, nn.Cell):
     """Softmax attention of q `[b, np, sq, hn]` over k, v `[b, np, sk, hn]`; mask True = hidden.
     Returns the context `[b, sq, np*hn]`. No parameters: selective recompute recomputes exactly this.
 
@@ -87,13 +90,15 @@ class CoreAttention(nn.Cell):
     def construct(self, q, k, v, mask):
         b, _, sq, _ = q.shape
         if self.coeff is None:
-            scores = mask_scores(self.scores(q, k) * self.scale, mask)                 # [b, np, sq, sk]
+            scores = mask_scores(self.rounded(self.scores(q, k) * self.scale), mask)   # [b, np, sq, sk]
         else:       # q scaled before the 16-bit product: Megatron's GEMM applies the factor as it accumulates
-            scores = mask_scores(self.scores(q * self.scale, k).astype(ms.float32) * self.coeff, mask)
+            scores = self.rounded(self.scores(self.rounded(q * self.scale), k))
+            scores = mask_scores(scores.astype(ms.float32) * self.coeff, mask)
         if self.softmax_in_fp32:
             scores = scores.astype(ms.float32)
-        probs = self.attention_dropout(ops.softmax(scores, axis=-1).astype(v.dtype))
-        return ops.matmul(probs, v).transpose(0, 2, 1, 3).reshape(b, sq, -1)       # [b, sq, np*hn]
+        probs = self.attention_dropout(self.rounded(ops.softmax(scores, axis=-1).astype(v.dtype)))
+        context = self.rounded(ops.matmul(probs, v))
+        return context.transpose(0, 2, 1, 3).reshape(b, sq, -1)                    # [b, sq, np*hn]
 
 
 # Up to this many positions the causal mask is one constant shared by the layers (16 MB at 4096);
@@ -113,7 +118,7 @@ def constant_causal_mask(positions):
     return _CAUSAL_MASKS[positions]
 
 
-class ParallelAttention(nn.Cell):
+class ParallelAttention(RoundsToBf16, nn.Cell):
     """Self-attention over `x` `[b, s, h]` -> `[b, s, h]` (module docstring: layout, GQA, RoPE) of
     layer `layer_number` (1-based, global: what --apply-query-key-layer-scaling reads)."""
 
@@ -157,8 +162,9 @@ class ParallelAttention(nn.Cell):
         if self.qk_layernorm:
             q, k = self.q_layernorm(q), self.k_layernorm(k)
         if rotary is not None:
-            q = apply_rotary(q, rotary, self.rotary_interleaved)
-            k = apply_rotary(k, rotary, self.rotary_interleaved)
+            rotary = self.rounded(rotary)               # a bf16 run's cos and sin are in bf16 too
+            q = self.rounded(apply_rotary(q, rotary, self.rotary_interleaved))
+            k = self.rounded(apply_rotary(k, rotary, self.rotary_interleaved))
         return q, k, v
 
     def attend(self, q, k, v, mask):
@@ -205,7 +211,7 @@ class ParallelAttention(nn.Cell):
         return self.attend(q, k, v, mask), (k, v)
 
 
-class ParallelMLP(nn.Cell):
+class ParallelMLP(RoundsToBf16, nn.Cell):
     """`[b, s, h]` -> `[b, s, h]`: GELU MLP, or SwiGLU with --swiglu (module docstring)."""
 
     def __init__(self, config):
@@ -224,11 +230,11 @@ class ParallelMLP(nn.Cell):
         h = self.dense_h_to_4h(x)
         if self.swiglu:
             gate, up = ops.split(h, h.shape[-1] // 2, axis=-1)
-            return self.dense_4h_to_h(ops.silu(gate) * up)
-        return self.dense_4h_to_h(ops.gelu(h, approximate=self.approximate))
+            return self.dense_4h_to_h(self.rounded(ops.silu(gate) * up))
+        return self.dense_4h_to_h(self.rounded(ops.gelu(h, approximate=self.approximate)))
 
 
-class ParallelTransformerLayer(nn.Cell):
+class ParallelTransformerLayer(RoundsToBf16, nn.Cell):
     """The pre-norm decoder layer (see the module docstring): `(x [b, s, h], attention_mask,
     rotary) -> [b, s, h]`; `layer_number`: its place in the model, from 1."""
 
@@ -245,14 +251,15 @@ class ParallelTransformerLayer(nn.Cell):
         self.post_mlp_dropout = Dropout(config.hidden_dropout, partition_dim=1 if sp else None)
 
     def construct(self, x, attention_mask=None, rotary=None):
-        x = x + self.post_attention_dropout(self.self_attention(self.input_layernorm(x), attention_mask, rotary))
-        return x + self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(x)))
+        x = self.rounded(x + self.post_attention_dropout(self.self_attention(self.input_layernorm(x), attention_mask,
+                                                                            rotary)))
+        return self.rounded(x + self.post_mlp_dropout(self.mlp(self.post_attention_layernorm(x))))
 
     def decode(self, x, past=None, rotary=None):
         """The layer with cached keys/values (generation, eval mode); returns (x, present)."""
         attention, present = self.self_attention.decode(self.input_layernorm(x), past, rotary)
-        x = x + attention
-        return x + self.mlp(self.post_attention_layernorm(x)), present
+        x = self.rounded(x + attention)
+        return self.rounded(x + self.mlp(self.post_attention_layernorm(x))), present
 
 
 class TransformerLayers(nn.SequentialCell):

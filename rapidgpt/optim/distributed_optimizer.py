@@ -48,7 +48,7 @@ from rapidgpt.parallel import comm
 from rapidgpt.parallel.data_parallel import REDUCED_IN_BACKWARD, ShardedKind, ShardedState, ShardPlan, padded_cat
 from rapidgpt.parallel.state import (get_data_parallel_group, get_data_parallel_rank, get_data_parallel_world_size,
                                      get_parallel_state)
-from rapidgpt.tensor_tuples import after, assign_cast, map_tensors
+from rapidgpt.tensor_tuples import after, map_tensors
 
 PIECE_PREFIX = "zero_shard."
 
@@ -110,7 +110,7 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
             grads = map_tensors(ops.partial(_piece_of, grads), *self.plan.piece_columns)
         done = self.optimizer(grads, lr)
         whole = self.gather_pieces(map_tensors(ops.partial(after, done), self.main_params))
-        return ops.depend(done, map_tensors(ops.partial(assign_cast, done), self.parameters, whole))
+        return ops.depend(done, self.assign_model_params(done, self.parameters, whole))
 
     # -- checkpoints: the tensors an unsharded run saves, whole ----------------------------------
 
@@ -144,7 +144,7 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
         Set from host copies: a slice of the gathered vector is a view, which the in-place updates
         of the compiled step refuse."""
         for model_param, value in zip(self.parameters, self.gather_pieces(tuple(p.value() for p in self.main_params))):
-            model_param.set_data(Tensor(value.asnumpy()).astype(model_param.dtype))
+            model_param.set_data(self.model_value(Tensor(value.asnumpy()), model_param))
 
 
 class FullyShardedOptimizerWrapper(OptimizerWrapper):

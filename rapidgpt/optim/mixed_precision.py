@@ -52,6 +52,7 @@ from rapidgpt.optim.clip_grads import clip_grads_by_global_norm, count_zeros, gl
 from rapidgpt.optim.grad_scaler import build_grad_scaler
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.state import get_model_parallel_group, get_tensor_model_parallel_rank
+from rapidgpt.emulated_bf16 import assign_rounded, round_to_bf16
 from rapidgpt.tensor_tuples import assign_cast, map_tensors, times, to_fp32
 
 MAIN_PARAMS_PREFIX = "main_params."
@@ -71,6 +72,7 @@ class OptimizerWrapper(nn.Cell):
         super().__init__(auto_prefix=False)
         self.parameters = ParameterTuple(model_params)
         self.half = precision.half
+        self.emulates_bf16 = precision.emulated_bf16     # the model's parameters: fp32 holding bf16 values
         self.gradient_layout = None         # whole gradients, one per parameter (ZeRO-2: a ShardPlan)
         self._build_main_params(make_optimizer)
         self.grad_scaler = build_grad_scaler(precision)
@@ -163,8 +165,18 @@ class OptimizerWrapper(nn.Cell):
     def step(self, grads, lr):
         done = self.optimizer(grads, lr)
         if self.half:
-            done = ops.depend(done, map_tensors(ops.partial(assign_cast, done), self.parameters, self.main_params))
+            done = ops.depend(done, self.assign_model_params(done, self.parameters, self.main_params))
         return done
+
+    def assign_model_params(self, done, params, values):
+        """`params` (the model's) = `values` (fp32) in the model's precision, once `done`."""
+        if self.emulates_bf16:
+            return map_tensors(ops.partial(assign_rounded, done), params, values)
+        return map_tensors(ops.partial(assign_cast, done), params, values)
+
+    def model_value(self, value, param):
+        """A model parameter's value from its fp32 `value` (host side, after a load)."""
+        return round_to_bf16(value) if self.emulates_bf16 else value.astype(param.dtype)
 
     def held_bytes(self):
         """(bytes of the model's parameters, bytes of the main parameters and optimizer state kept
@@ -208,7 +220,7 @@ class OptimizerWrapper(nn.Cell):
         """After the main parameters were loaded: the model's 16-bit parameters from them."""
         if self.half:
             for model_param, main_param in zip(self.parameters, self.main_params):
-                model_param.set_data(main_param.value().astype(model_param.dtype))
+                model_param.set_data(self.model_value(main_param.value(), model_param))
 
 
 def _sum_over(group):

@@ -11,10 +11,15 @@ Shapes: inputs are `[..., in]` (the GPT uses `[b, s, h]`); weights are `[out, in
 ZeRO-3 (rapidgpt/parallel/fully_sharded.py): each layer is a ShardableLayer, naming its
 parameters in `weight_names` and computing with `whole_weights()`, which gathers them when they
 are sharded.
+
+Emulated bf16 (rapidgpt/emulated_bf16.py): the linear layers round each result a bf16 run holds in
+bf16: the product, its sum over the TP ranks, the sum with the bias. A looked-up embedding row is a
+parameter's, bf16 already.
 """
 from mindspore import Parameter, Tensor, nn, ops
 import numpy as np
 
+from rapidgpt.emulated_bf16 import RoundsToBf16
 from rapidgpt.parallel.fully_sharded import ShardableLayer
 from rapidgpt.parallel.mappings import (CopyToTensorParallelRegion, GatherFromSequenceParallelRegion,
                                        GatherFromTensorParallelRegion, ReduceFromTensorParallelRegion,
@@ -49,7 +54,7 @@ def _zeros(shape, name, sharded):
     return param
 
 
-class _ParallelLinear(ShardableLayer, nn.Cell):
+class _ParallelLinear(ShardableLayer, RoundsToBf16, nn.Cell):
     """`y = x W^T + b` on the last dimension, W `[out_local, in_local]`; with `stacked` = k > 1
     (column-parallel only) W is `[k, out / k, in]`, k matrices split along their rows together, so
     each rank's output is its rows of every one: `[..., k * out / (k * tp)]`, k blocks in order."""
@@ -90,13 +95,13 @@ class _ParallelLinear(ShardableLayer, nn.Cell):
     def local_linear(self, x, weight):
         """`x W_local^T` without the bias, on the last dimension."""
         shape = x.shape
-        y = self.matmul(x.reshape(-1, shape[-1]), weight)
+        y = self.rounded(self.matmul(x.reshape(-1, shape[-1]), weight))
         return y.reshape(shape[:-1] + (y.shape[-1],))
 
     def construct(self, x):
         weight, bias = self.weight_and_bias()
         y = self.local_linear(x, weight)
-        return y if bias is None else y + bias
+        return y if bias is None else self.rounded(y + bias)
 
 
 class ColumnParallelLinear(_ParallelLinear):
@@ -125,7 +130,7 @@ class ColumnParallelLinear(_ParallelLinear):
             x = self.copy_to_region(x)
         y = self.local_linear(x, weight)
         if bias is not None:
-            y = y + bias
+            y = self.rounded(y + bias)
         return self.gather_from_region(y) if self.gather_output else y
 
 
@@ -157,10 +162,10 @@ class RowParallelLinear(_ParallelLinear):
             x = self.scatter_to_region(x)
         y = self.local_linear(x, weight)
         if self.tp > 1:
-            y = self.reduce_from_region(y)
+            y = self.rounded(self.reduce_from_region(y))
         if bias is None:
             return y
-        return y + (self.copy_bias(bias) if self.sequence_parallel else bias)
+        return self.rounded(y + (self.copy_bias(bias) if self.sequence_parallel else bias))
 
 
 class ReplicatedLinear(_ParallelLinear):

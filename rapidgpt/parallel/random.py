@@ -23,6 +23,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from rapidgpt.emulated_bf16 import RoundsToBf16
 from rapidgpt.parallel.state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
 
@@ -159,7 +160,7 @@ def graph_arange(start, stop, dtype=ms.int32):
 _construction_order = itertools.count()
 
 
-class Dropout(nn.Cell):
+class Dropout(RoundsToBf16, nn.Cell):
     """Dropout `y = x * keep / (1 - p)` whose keep mask is reproducible across resume and layouts.
 
     x: any shape `[..., c]`; `partition_dim`: the dimension of x split over tensor-parallel ranks
@@ -250,4 +251,4 @@ class Dropout(nn.Cell):
         # A product, as torch's dropout: fusion fuses it forward and backward, where ops.where's
         # gradient needs a zeros tensor per call (~1.5 ms each on the bench model's CPU step). As in
         # torch, a dropped inf/NaN activation stays non-finite (inf * 0), which loss scaling skips.
-        return x * (self.keep_mask(x.shape).astype(x.dtype) * self.scale)
+        return self.rounded(x * (self.keep_mask(x.shape).astype(x.dtype) * self.scale))

@@ -5,7 +5,9 @@ The trainers (`Trainer.build_model`) and `RapidGPTEngine.compose` call `prepare_
 the seeded initialisation and before anything is compiled.
 
 Precision (16-bit runs, rapidgpt/config/precision.py): every parameter is cast to fp16/bf16 in
-place (the fp32 main copies live in the optimizer wrapper, rapidgpt/optim/mixed_precision.py).
+place (the fp32 main copies live in the optimizer wrapper, rapidgpt/optim/mixed_precision.py);
+emulated bf16 (the CPU backend) rounds them instead and has RapidGPT's cells round their results
+(rapidgpt/emulated_bf16.py).
 RapidGPT's own layers handle their dtypes themselves (LayerNorm and the loss in fp32, the
 attention softmax as --attention-softmax-in-fp32 says). Any other leaf cell (a user's nn.Dense,
 nn.LayerNorm, ...) gets MindSpore's amp treatment, `Cell.to_float`: it casts the cell's inputs to
@@ -28,6 +30,7 @@ import mindspore as ms
 from mindspore import nn
 
 from rapidgpt.config.kernel_fusion import fuses_on_cpu
+from rapidgpt.emulated_bf16 import emulate_bf16
 from rapidgpt.errors import UserError
 from rapidgpt.models.gpt import LanguageModelHead
 from rapidgpt.models.norms import LayerNorm
@@ -45,7 +48,10 @@ def prepare_model(model, precision, recompute, logger=None, jit=True, compile_la
     cells (compile_pipeline_stage); with a `logger`, say what was done in one start-up line (and warn where
     recompute cannot save memory). Returns the ZeRO-3 units (the ShardedWeights of the sharded
     layers, in model order; empty without ZeRO-3), which the optimizer wrapper updates."""
-    if precision.half:
+    foreign = []
+    if precision.emulated_bf16:
+        foreign = emulate_bf16(model)
+    elif precision.half:
         cast_to_half(model, _HALF[precision.params_dtype])
     if fuses_on_cpu():
         use_composite_layer_norm(model)
@@ -64,6 +70,9 @@ def prepare_model(model, precision, recompute, logger=None, jit=True, compile_la
     if logger is not None and (precision.half or recompute.granularity):
         marked = f" ({recomputed} cells marked)" if recompute.granularity else ""
         logger.info(f" > precision: {precision.describe()} | activation recompute: {recompute.describe()}{marked}")
+        if foreign:
+            logger.info(f" > emulated bf16: cells not of RapidGPT compute in fp32 on bf16 values, their results "
+                        f"not rounded: {', '.join(foreign)}")
         if recompute.granularity and jit and ms.get_context("device_target") == "CPU":
             logger.warning(CPU_COMPILED_RECOMPUTE)
     return [unit for _, unit in sharded]

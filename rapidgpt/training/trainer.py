@@ -313,7 +313,7 @@ class Trainer:
         forward hook (the `model` it runs is needed with pipeline stages)."""
         if self.args.pipeline_model_parallel_size > 1:
             return PipelineEvalStep(forward, model, self.activation_shape(),
-                                    getattr(ms, self.args.precision.params_dtype), self.args.calculate_per_token_loss)
+                                    getattr(ms, self.args.precision.storage_dtype), self.args.calculate_per_token_loss)
         return EvalStep(forward, jit=self.args.jit, barrier=barrier if self.args.world_size > 1 else None,
                         per_token=self.args.calculate_per_token_loss)
 

@@ -68,6 +68,22 @@ def test_a_refused_flag_given_megatrons_default_passes(argv):
     assert not [line for line in implementation_choice_lines(args) if argv[0] in line]
 
 
+def test_values_of_refused_flags_that_ask_for_what_rapidgpt_does_are_accepted_with_one_line(capsys):
+    """--rerun-mode disabled (no step is ever re-run here), --spec local (the built-in layers);
+    their other values stay refused."""
+    args = parse_args(argv=BASE + ["--rerun-mode", "disabled", "--spec", "local"])
+    lines = implementation_choice_lines(args)
+    assert sorted(line.split(":")[0] for line in lines) == [" > --rerun-mode disabled", " > --spec local"]
+    with pytest.raises(SystemExit):
+        parse_args(argv=BASE + ["--rerun-mode", "report_stats", "--spec", "my.module", "my_spec"])
+    err = capsys.readouterr().err
+    assert "--rerun-mode: refused: Megatron's rerun state machine" in err and "--spec: refused: custom layer" in err
+
+
+def test_use_torch_fsdp2_is_zero_stage_3():
+    assert parse_args(argv=BASE + ["--use-torch-fsdp2"]).zero.stage == 3
+
+
 def test_a_refused_flag_names_the_feature(capsys):
     with pytest.raises(SystemExit):
         parse_args(argv=BASE + ["--num-experts", "8", "--fp8-format", "hybrid", "--expert-model-parallel-size", "2"])

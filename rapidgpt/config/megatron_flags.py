@@ -9,7 +9,8 @@ each one). A flag is, in this order:
    saying what it means here; it changes no number the run computes;
 3. refused (REFUSED): a value other than Megatron's default stops the run with one line naming
    the feature that is not built and what to do instead. The default value itself (a launch
-   script that spells out a default) passes.
+   script that spells out a default) passes, and so do the values of ACCEPTED_VALUES, which ask
+   for what RapidGPT does (e.g. `--rerun-mode disabled`), with one start-up line.
 
 The table is `answers()`; `python -m rapidgpt.config.megatron_flags` prints it as the README's
 section "Megatron-LM flags". Importing this module imports nothing heavy (flags are checked
@@ -110,6 +111,11 @@ IMPLEMENTATION = {
     "--no-strict-fsdp-dtensor-load": "RapidGPT's checkpoints hold no FSDP DTensors",
     "--use-checkpoint-args": "RapidGPT takes the model flags a checkpoint records by default",
     "--use-mp-args-from-checkpoint-args": "checkpoints load at any TP/PP; the sizes given (or 1) are used",
+    "--verify-integrity": "RapidGPT verifies every checkpoint file it loads (its size and CRC-32) whether or not "
+                          "this is given, and names a damaged one",
+    "--num-distributed-optimizer-instances": "the distributed optimizer shards its state over the whole data-parallel "
+                                             "group (one instance); more instances trade memory for communication, "
+                                             "the updates are the same",
     "--no-use-tokenizer-model-from-checkpoint-args": "a tokenizer given on the command line is used; "
                                                      "otherwise the checkpoint's own",
     "--no-save-tokenizer-assets": "checkpoints carry the tokenizer's (small) files anyway",
@@ -189,11 +195,11 @@ REFUSED = [
     ("Weights & Biases logging is not built; use --tensorboard-dir", ("--wandb-*",), ()),
     ("the Multi-Storage Client (object storage) is not built: give local paths",
      ("--object-storage-cache-path",), ("msc",)),
-    ("Megatron-FSDP and PyTorch FSDP2 are not built; --zero-3-memory-optimization shards parameters, gradients "
-     "and optimizer state over the data-parallel ranks",
-     ("--use-megatron-fsdp", "--use-torch-fsdp2", "--megatron-fsdp-*", "--fsdp-*", "--data-parallel-sharding-strategy",
+    ("Megatron-FSDP and FSDP2's options are not built; --zero-3-memory-optimization (or --use-torch-fsdp2) shards "
+     "parameters, gradients and optimizer state over the data-parallel ranks",
+     ("--use-megatron-fsdp", "--megatron-fsdp-*", "--fsdp-*", "--data-parallel-sharding-strategy",
       "--outer-dp-sharding-strategy", "--torch-fsdp2-*", "--enable-full-sharding-in-hsdp",
-      "--num-distributed-optimizer-instances", "--suggested-communication-unit-size", "--init-model-with-meta-device",
+      "--suggested-communication-unit-size", "--init-model-with-meta-device",
       "--no-use-layer-wise-param-layout", "--fsdp-manual-registration"), ()),
     ("weight rematerialization over a second tensor-parallel axis (GTP) is not built", ("--gtp-*",), ()),
     ("reducing gradients with fp32 accumulation per parameter pattern is not built; "
@@ -263,8 +269,6 @@ REFUSED = [
      ("--ckpt-convert-format", "--ckpt-convert-save", "--ckpt-convert-update-legacy-dist-opt-format"), ()),
     ("a missing checkpoint under --load starts the run from scratch here; an exit instead is not built",
      ("--exit-on-missing-checkpoint",), ()),
-    ("hashing checkpoint files is not built (RapidGPT checks each file's size and CRC32)", ("--verify-integrity",),
-     ()),
     ("a separate evaluation batch size and evaluation schedule are not built (evaluation uses the training "
      "batch, every --eval-interval)",
      ("--start-eval-at-iter", "--eval-global-batch-size", "--eval-micro-batch-size", "--full-validation",
@@ -300,6 +304,15 @@ REFUSED = [
     ("heterogeneous layer configurations (per-layer shapes) are not built", (),
      ("heterogeneous architecture",)),
 ]
+
+
+# (refused flag, value) -> what it means here: values that ask for what RapidGPT does anyway.
+ACCEPTED_VALUES = {
+    ("--rerun-mode", "disabled"): "there is no rerun state machine here: no step is ever re-run, which is what "
+                                  "disabled asks",
+    ("--spec", "local"): "Megatron's local (non-Transformer-Engine) layer spec: the layers are RapidGPT's own, "
+                         "the built-in model of the model flags",
+}
 
 
 # Other spellings of a flag's Megatron default (its parser converts them to the default).
@@ -367,6 +380,10 @@ def check_megatron_flags(args, check):
         value = vars(args).pop(dest)
         if value == default or value in DEFAULT_SPELLINGS.get(options[0], ()):
             continue
+        spelled = " ".join(map(str, value)) if isinstance(value, list) else str(value)
+        if (options[0], spelled) in ACCEPTED_VALUES:
+            lines.append(f" > {options[0]} {spelled}: accepted; {ACCEPTED_VALUES[options[0], spelled]}")
+            continue
         verdict, text = answer(options[0], group) or ("refused", f"Megatron's {group} option is not built")
         if verdict == "refused":
             check.add(f"{options[0]}: refused: {text}; remove it")
@@ -395,6 +412,8 @@ def markdown(known):
     out += [f"- {', '.join(f'`{f}`' for f in flags)}: {text}" for text, flags in implementation.items()]
     out += ["", "Refused:", ""]
     out += [f"- {', '.join(f'`{f}`' for f in flags)}: {text}" for text, flags in refused.items()]
+    out += ["", "Accepted values of refused flags (one start-up line each):", ""]
+    out += [f"- `{flag} {value}`: {text}" for (flag, value), text in ACCEPTED_VALUES.items()]
     return "\n".join(out) + "\n"
 
 

@@ -2,7 +2,8 @@
 
     --zero-1-memory-optimization, --use-distributed-optimizer   stage 1: optimizer state sharded
     --zero-2-memory-optimization                                stage 2: also the gradients
-    --zero-3-memory-optimization, --fsdp-memory-optimization    stage 3: also the parameters
+    --zero-3-memory-optimization, --fsdp-memory-optimization,   stage 3: also the parameters
+    --use-torch-fsdp2
 
 over each pipeline stage's data-parallel group (stages 1 and 2: rapidgpt/optim/distributed_optimizer.py;
 stage 3: rapidgpt/parallel/fully_sharded.py, for models built of RapidGPT's layers);
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 STAGE_OF_FLAG = {"--zero-1-memory-optimization": 1, "--use-distributed-optimizer": 1,
                  "--zero-2-memory-optimization": 2, "--zero-3-memory-optimization": 3,
-                 "--fsdp-memory-optimization": 3}
+                 "--fsdp-memory-optimization": 3, "--use-torch-fsdp2": 3}
 
 
 def _dest(flag):
@@ -52,6 +53,10 @@ def add_zero_args(parser):
                         "and backward")
     g.add_argument("--fsdp-memory-optimization", action="store_true",
                    help="Rapidformer's FSDP switch: the same as ZeRO stage 3")
+    g.add_argument("--use-torch-fsdp2", action="store_true",
+                   help="Megatron's PyTorch-FSDP2 switch: FSDP2 shards the parameters, gradients and optimizer "
+                        "state over the data-parallel ranks, gathering each layer's parameters for its forward "
+                        "and backward: ZeRO stage 3")
 
 
 def _given(args):

@@ -10,9 +10,9 @@
 #   launch/pretrain_llama.sh
 #   launch/pretrain_llama.sh --train-samples 3200 --num-layers 8        # later flags win
 #
-# Differences from Megatron's script: --fp16 instead of --bf16 and the FP8 flags (a CPU has no FP8,
-# and runs bf16 only emulated in fp32 tensors, where --grad-reduce-in-bf16 is refused; the flag is
-# kept here and, as in Megatron, changes nothing outside --bf16); the FP8 flags themselves are left out. Flags accepted as implementation choices say so in one start-up line each
+# Differences from Megatron's script: --fp16 instead of --bf16 and the FP8 flags (a CPU has no FP8
+# and runs bf16 only emulated, in fp32 tensors, slower than fp32; --grad-reduce-in-bf16 is kept and,
+# as in Megatron, changes nothing outside --bf16); the FP8 flags themselves are left out. Flags accepted as implementation choices say so in one start-up line each
 # (--use-mcore-models, --attention-backend, --profile, --ckpt-format torch_dist, ...).
 # Environment: CHECKPOINT_PATH (default: a temporary folder), LOG_DIR, MASTER_PORT, TENSORBOARD_DIR,
 # as for launch/single_node.sh.

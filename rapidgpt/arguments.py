@@ -131,6 +131,9 @@ def _data_args(parser):
                    help="sequence_classification: the validation .jsonl/.tsv file(s)")
     g.add_argument("--test-data-path", nargs="*", default=None)
     g.add_argument("--data-cache-path", default=None)
+    g.add_argument("--mock-data", action="store_true",
+                   help="no data: Megatron's mock GPT documents (tokens 1, 2, ... then the end-of-document id; "
+                        "rapidgpt/data/mock_dataset.py), e.g. with --tokenizer-type NullTokenizer --vocab-size N")
     g.add_argument("--data-impl", "--dataset-impl", dest="data_impl", choices=["mmap", "infer"],
                    default="mmap", help="accepted for compatibility; Megatron's mmap format is read")
     g.add_argument("--tokenizer-type", default=None, choices=TOKENIZER_TYPES)
@@ -363,7 +366,7 @@ def parse_args(extra_args_provider=None, argv=None, launcher=False, user_script=
         given = given_flags(parser, argv)
         if args.load or args.pretrained_checkpoint:
             apply_checkpoint_args(args, given, check)
-        check.require(args.task != "pretraining" or args.data_path or args.train_data_path
+        check.require(args.task != "pretraining" or args.data_path or args.train_data_path or args.mock_data
                       or not given & {"tokenizer_type", "vocab_file", "merge_file"},
                       "--tokenizer-type: without --data-path, --task pretraining trains on the embedded demo "
                       "corpus, which comes with its own tokenizer; give --data-path for your tokenizer's data, "
@@ -688,6 +691,16 @@ def _check_data(args, check, world_size):
         for path in paths:
             problem = _data_file_problem(path)
             check.require(problem is None, f"{_flag(name)}: {problem}")
+    sources = [flag for flag, given in (("--mock-data", args.mock_data), ("--data-path", args.data_path),
+                                        ("--train-data-path", args.train_data_path or args.valid_data_path
+                                         or args.test_data_path)) if given]
+    if args.mock_data:          # Megatron: "A single data source must be provided"
+        check.require(len(sources) == 1, f"--mock-data: give one data source, not {' and '.join(sources)}")
+        check.require(args.tokenizer_type, "--mock-data: the mock documents end with the tokenizer's "
+                                           "end-of-document id; give --tokenizer-type (e.g. NullTokenizer "
+                                           "--vocab-size N)")
+        check.require(args.task in (None, "pretraining"),
+                      f"--mock-data: Megatron's mock documents are GPT pretraining data, not --task {args.task}'s")
     if args.tokenizer_type == "NullTokenizer":
         if check.require(args.vocab_size and args.vocab_size > 0,
                          "--vocab-size: required for --tokenizer-type NullTokenizer (the data's token ids are "

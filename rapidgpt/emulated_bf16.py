@@ -17,7 +17,10 @@ in bf16 is rounded to the nearest bf16 value (ties to even: a cast to bf16 and b
   (inside the norms, the softmax with --attention-softmax-in-fp32, the loss), so does this;
 - the gradients flowing back through those results: the gradient of a cast is the cast back, so
   each activation gradient is rounded where its activation was. Weight gradients are summed in fp32,
-  as Megatron's gradient-accumulation fusion sums them into its fp32 main gradients.
+  as Megatron's gradient-accumulation fusion sums them into its fp32 main gradients; with
+  --grad-reduce-in-bf16, whose bf16 run keeps them in a bf16 buffer, they are rounded as each
+  micro-batch's are added and after the data-parallel reduction (rapidgpt/training/schedules.py;
+  a rank's parameters are marked `emulated_bf16` for it).
 What differs from bf16 kernels: memory (4 bytes a value), speed (fp32 kernels plus the casts), and
 the order in which a fused GPU kernel adds. Cells that are not RapidGPT's compute in fp32 on the
 bf16 values they are given (their parameters rounded, their results not); the start-up line names them.
@@ -48,6 +51,7 @@ def emulate_bf16(model):
     RapidGPT's (they compute in fp32, see the module docstring)."""
     for param in model.get_parameters():
         param.set_data(round_to_bf16(param.value()))
+        param.emulated_bf16 = True
     foreign = []
     for name, cell in model.cells_and_names():
         if isinstance(cell, RoundsToBf16):

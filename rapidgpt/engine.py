@@ -18,7 +18,6 @@ from rapidgpt.mindspore_logs import records_line
 from rapidgpt.config.compile_cache import check_compile_cache_environment, describe_compile_cache
 from rapidgpt.config.implementation_choices import implementation_choice_lines
 from rapidgpt.config.kernel_fusion import check_kernel_fusion_backend, enable_kernel_fusion
-from rapidgpt.config.precision import check_precision_backend
 from rapidgpt.device import ensure_device, select_device
 from rapidgpt.optim import build_lr_scheduler
 from rapidgpt.optim.mixed_precision import wrap_optimizer
@@ -47,8 +46,7 @@ class RapidGPTEngine:
         args = self.args
         self.device = select_device(args.device)
         args.precision = args.precision.on_device(self.device)
-        problem = (check_precision_backend(args.precision, self.device)
-                   or check_kernel_fusion_backend(args.kernel_fusion, self.device)
+        problem = (check_kernel_fusion_backend(args.kernel_fusion, self.device)
                    or check_compile_cache_environment())
         if problem:
             raise ArgumentError(problem)

@@ -36,7 +36,6 @@ import psutil
 from rapidgpt.arguments import parse_args
 from rapidgpt.mindspore_logs import records_environment
 from rapidgpt.msrun_env import STOP_SIGNAL_VARIABLE
-from rapidgpt.config.precision import check_precision_backend
 from rapidgpt.device import select_device
 
 POLL_SECONDS = 0.2
@@ -57,13 +56,9 @@ def launch(argv, prepare=None):
     `prepare(args)`: work done once on this node before its ranks start (e.g. the demo corpus)."""
     args = parse_args(argv=argv, launcher=True, user_script=True)    # cli.py checked a task's flags strictly
     try:
-        device = select_device(args.device)          # fail here, not once per rank
+        select_device(args.device)          # fail here, not once per rank
     except ValueError as e:
         print(f"rapidgpt: error: {e}", file=sys.stderr)
-        return 2
-    problem = check_precision_backend(args.precision, device)
-    if problem:
-        print(f"rapidgpt: error: {problem}", file=sys.stderr)
         return 2
     on_master_node = args.node_rank == 0
     if args.master_port is not None and on_master_node and _port_in_use(args.master_port):

@@ -49,6 +49,30 @@ def convert_split_vector_to_split_matrix(vector_a):
     return matrix
 
 
+class MockGPTLowLevelDataset:
+    """megatron/core/datasets/gpt_dataset.py's MockGPTLowLevelDataset (d98e8a6), its tokenizer's
+    vocab_size and eod given directly."""
+    seed = 0
+    size = 100000
+    max_sequence_length = 4096
+
+    def __init__(self, vocab_size, eod):
+        self.vocab_size = vocab_size
+        self.eod_token = eod
+        rng = np.random.default_rng(seed=self.seed)
+        self.sequence_lengths = rng.integers(low=1, high=self.max_sequence_length, size=self.size, dtype=np.int32)
+
+    def __getitem__(self, idx):
+        length = self.sequence_lengths[idx]
+        sample = np.int64(np.concatenate([(np.arange(length - 1) + 1) % self.vocab_size, [self.eod_token]]))
+        return sample
+
+    def get(self, idx, offset=0, length=None):
+        if length is None:
+            length = self.sequence_lengths[idx] - offset
+        return self[idx][offset : offset + length]
+
+
 def split_ranges(split, num_elements):
     """`(beg, end)` of each split's documents, None for a split Megatron does not build."""
     ranges = []

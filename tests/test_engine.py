@@ -56,8 +56,11 @@ def validate(*argv):
     (["--bf16", "--initial-loss-scale", "1024"], "--initial-loss-scale: dynamic loss scaling is fp16's"),
     (["--fp16", "--min-loss-scale", "8", "--initial-loss-scale", "4"],
      "--min-loss-scale: 8.0 is above --initial-loss-scale 4.0"),
-    (["--bf16", "--grad-reduce-in-bf16", "--device", "cpu"],
-     "--grad-reduce-in-bf16: bf16 is emulated on the CPU backend (it has no bf16 kernels), in fp32 tensors"),
+    (["--mock-data", "--data-path", "x"], "--mock-data: give one data source, not --mock-data and --data-path"),
+    (["--mock-data"], "--mock-data: the mock documents end with the tokenizer's end-of-document id; give "
+                      "--tokenizer-type (e.g. NullTokenizer --vocab-size N)"),
+    (["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "9", "--task", "sequence_classification"],
+     "--mock-data: Megatron's mock documents are GPT pretraining data, not --task sequence_classification's"),
     (["--save-interval", "5"], "--save-interval: needs --save DIR"),
     (["--skip-train"], "--skip-train: evaluates a checkpoint; give --load"),
     (["--exit-interval", "0"], "--exit-interval: must be positive"),

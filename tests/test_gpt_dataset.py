@@ -6,7 +6,9 @@ import megatron_reference as ref
 from rapidgpt.data.gpt_dataset import (GPTDataset, GPTDatasetConfig, build_gpt_indices,
                                        build_sample_index, ltor_masks_and_position_ids,
                                        num_epochs_needed, split_boundaries)
+from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
 from rapidgpt.data.index_cache import cached_arrays
+from rapidgpt.data.mock_dataset import MockCorpus
 from rapidgpt.data.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 
@@ -248,3 +250,30 @@ def test_empty_split_is_a_clear_error(hand_corpus, tmp_path):
     ds, _ = hand_corpus
     with pytest.raises(ValueError, match="the valid split of .* has no documents; change --split"):
         GPTDataset(ds, "valid", np.arange(0), 2, GPTDatasetConfig(seq_length=3))
+
+
+def test_mock_data_is_megatrons_mock_corpus_cut_1_1_1_whatever_the_split(tmp_path):
+    """--mock-data: the documents of Megatron's MockGPTLowLevelDataset (vocabulary 300 < most
+    documents' length, so the modulo shows), cut "1,1,1" as Megatron's config cuts a run without a
+    blend (--split is ignored), each split indexed as any corpus (the indices against Megatron's:
+    test_indices_equal_megatron_reference); its caches under --data-cache-path."""
+    vocab, eod = 300, 299
+    corpus, reference = MockCorpus(vocab, eod), ref.MockGPTLowLevelDataset(vocab, eod)
+    np.testing.assert_array_equal(corpus.sequence_lengths, reference.sequence_lengths)
+    for idx in (0, 1, 4711, 99999):
+        np.testing.assert_array_equal(corpus.get(idx), reference[idx])
+        np.testing.assert_array_equal(corpus.get(idx, 1, 3), reference.get(idx, 1, 3))
+        np.testing.assert_array_equal(corpus.get(idx, 2), reference.get(idx, 2))
+    config = GPTDatasetConfig(seq_length=32, seed=7, eod=eod, data_cache_path=str(tmp_path))
+    sizes = [40, 8, 8]
+    datasets = build_train_valid_test_datasets(config, sizes, split="969,30,1", mock=corpus)
+    for dataset, (beg, end), n in zip(datasets, ref.split_ranges("1,1,1", 100000), sizes):
+        np.testing.assert_array_equal(np.sort(dataset.document_index), np.arange(beg, end))    # one epoch
+        for i in (0, n - 1):                   # samples, from the reference documents
+            j = int(dataset.shuffle_index[i])
+            (first, offset), (last, _) = dataset.sample_index[j], dataset.sample_index[j + 1]
+            stream = np.concatenate([reference[dataset.document_index[d]] for d in range(first, last + 1)])
+            np.testing.assert_array_equal(dataset.sample_tokens(i), stream[offset:offset + 33])
+    assert list(tmp_path.glob("*GPTDataset-train-document_index.npy"))
+    with pytest.raises(ValueError, match="--mock-data: give one data source"):
+        build_train_valid_test_datasets(config, sizes, data_path=["x"], mock=corpus)

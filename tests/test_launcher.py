@@ -161,23 +161,6 @@ def test_an_unavailable_device_is_refused_before_anything_starts(tmp_path, monke
     assert not (tmp_path / "rapidgpt_logs").exists()
 
 
-def test_what_the_cpu_cannot_do_of_bf16_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
-    """Without --device the flag check cannot know the device; the launcher, having picked it,
-    refuses in one line instead of every rank failing: bf16 is emulated on the CPU, in fp32
-    tensors, so its gradients cannot be reduced in bf16."""
-    import rapidgpt.launcher
-    for name in LAUNCH_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(rapidgpt.launcher, "select_device", lambda requested: "cpu")    # as on this machine
-    (tmp_path / "s.py").write_text(SCRIPT)
-    assert main(["--user-script", "s.py", "--nproc-per-node", "2", "--bf16", "--grad-reduce-in-bf16"]) == 2
-    assert capsys.readouterr().err.splitlines() == [
-        "rapidgpt: error: --grad-reduce-in-bf16: bf16 is emulated on the CPU backend (it has no bf16 kernels), in "
-        "fp32 tensors, and the gradients are reduced in fp32; remove --grad-reduce-in-bf16 there"]
-    assert not (tmp_path / "rapidgpt_logs").exists()
-
-
 def test_a_log_of_only_mindspore_records_is_not_said_to_be_empty(tmp_path, capsys):
     """A rank killed before it printed anything of its own: its log holds MindSpore's INFO/WARNING
     records only (not echoed, not a traceback). The failure line says so, with the log's size and

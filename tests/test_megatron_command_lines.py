@@ -17,6 +17,28 @@ from rapidgpt.data.classification import classification_datasets
 from rapidgpt.data.demo_corpus import demo_bert_corpus, demo_corpus
 from test_parallel import REPO
 
+# Megatron's examples/llama/train_llama3_8b_h100_fp8.sh (d98e8a6) in its default branch (no tokenizer or
+# data given: --mock-data, NullTokenizer), every flag of it but the FP8 ones (DTYPE=bf16) and the
+# launcher's, sizes made tiny, one process (the script's TP=2: tests/test_llama.py's layouts).
+LLAMA3_MOCK = ["--use-mcore-models", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "160",
+               "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2", "--kv-channels", "16",
+               "--seq-length", "64", "--max-position-embeddings", "64", "--position-embedding-type", "rope",
+               "--rotary-base", "1000000", "--rotary-percent", "1.0", "--attention-dropout", "0.0", "--hidden-dropout",
+               "0.0", "--swiglu", "--normalization", "RMSNorm", "--init-method-std", "0.0134", "--attention-backend",
+               "fused", "--apply-layernorm-1p", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+               "--micro-batch-size", "2", "--global-batch-size", "4", "--train-samples", "16", "--lr-decay-samples", "12",
+               "--lr-warmup-samples", "4", "--lr", "0.00015", "--min-lr", "0.00001", "--decoupled-lr", "5.0e-4",
+               "--decoupled-min-lr", "4.5e-5", "--lr-decay-style", "cosine", "--clip-grad", "1.0", "--weight-decay",
+               "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--bf16", "--grad-reduce-in-bf16",
+               "--cross-entropy-loss-fusion", "--calculate-per-token-loss", "--manual-gc", "--empty-unused-memory-level",
+               "1", "--exit-duration-in-mins", "235", "--context-parallel-size", "1", "--sequence-parallel",
+               "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--mock-data",
+               "--tokenizer-type", "NullTokenizer", "--vocab-size", "128256", "--tiktoken-pattern", "v2", "--split",
+               "'99,1,0'", "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files", "--num-workers", "1",
+               "--log-interval", "1", "--eval-iters", "2", "--eval-interval", "2", "--save-interval", "1000",
+               "--log-throughput", "--profile", "--profile-step-start", "4", "--profile-step-end", "6", "--ckpt-format",
+               "torch_dist", "--distributed-timeout-minutes", "60"]
+
 # Megatron's examples/pretrain_gpt.sh and pretrain_bert.sh (v2-v3), sizes made tiny, paths local.
 OLD_GPT = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--micro-batch-size", "4",
            "--global-batch-size", "8", "--seq-length", "64", "--max-position-embeddings", "64", "--train-iters", "4",
@@ -129,7 +151,11 @@ def old_scripts(env, tmp_path_factory):
                      gpt["vocab_file"], "--merge-file", gpt["merge_file"]],
              "bert": ["--task", "pretraining", *OLD_BERT, "--data-path", bert["data_prefix"], "--vocab-file",
                       bert["vocab_file"]]}
-    runs = BatchedRuns(env, tmp_path_factory.mktemp("old_scripts"), [(1, argv) for argv in lines.values()])
+    folder = tmp_path_factory.mktemp("old_scripts")
+    lines["llama3_mock"] = ["--task", "pretraining", *LLAMA3_MOCK, "--data-cache-path", str(folder / "cache"),
+                            "--save", str(folder / "ckpt"), "--load", str(folder / "ckpt"),
+                            "--tensorboard-dir", str(folder / "tb")]
+    runs = BatchedRuns(env, folder, [(1, argv) for argv in lines.values()])
     return {name: runs(1, argv)[:2] for name, argv in lines.items()}
 
 
@@ -146,3 +172,16 @@ def test_the_old_pretraining_scripts_train_their_model(old_scripts, script):
     validation = [line for line in log.splitlines() if "validation loss at" in line]
     assert validation and "lm loss value:" in validation[-1], log[-3000:]
     assert ("sop loss value:" in validation[-1]) == (script == "bert"), validation[-1]
+
+
+def test_megatrons_llama3_example_trains_in_its_default_mock_data_branch(old_scripts):
+    """Its --bf16 (emulated here) with --grad-reduce-in-bf16, Megatron's mock documents under
+    NullTokenizer cut "1,1,1" whatever its --split says (so there is test data), and each flag
+    RapidGPT treats as an implementation choice saying so in one line."""
+    status, log = old_scripts["llama3_mock"]
+    assert status == 0, log[-3000:]
+    assert re.findall(r" iteration\s+(\d+)/\s*4 \|", log) == ["1", "2", "3", "4"], log[-3000:]
+    assert " > precision: emulated bf16 (fp32 tensors holding bf16 values" in log
+    assert "validation loss at the end of training for test data" in log
+    for flag in ("--use-mcore-models", "--attention-backend", "--profile", "--ckpt-format torch_dist"):
+        assert f" > {flag}: accepted;" in log or f" > {flag} " in log, flag

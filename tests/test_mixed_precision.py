@@ -144,6 +144,45 @@ def test_round_to_bf16_is_round_to_nearest_even_and_so_is_its_gradient():
     np.testing.assert_array_equal(grad.asnumpy(), reference(cotangent))
 
 
+@pytest.mark.parametrize("grad_reduce_in_bf16", [False, True])
+def test_emulated_bf16_sums_weight_gradients_in_fp32_or_as_a_bf16_buffer(grad_reduce_in_bf16):
+    """Two micro-batches of `loss = sum(w * x_i)` (gradient x_i / 2, with many mantissa bits):
+    summed in fp32 as Megatron's fp32 main gradients, or with --grad-reduce-in-bf16 rounded as a bf16
+    buffer holds them (each micro-batch's, then their sum); the model's weights are bf16 values of
+    the fp32 main ones after the update."""
+    from rapidgpt.emulated_bf16 import emulate_bf16
+
+    def bf16(x):
+        bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+    class Linear(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.weight = ms.Parameter(Tensor(np.array([0.3, -1.7, 2.2, 5.1], np.float32)), name="weight")
+
+        def construct(self, x):
+            return (self.weight * x).sum()
+
+    net = Linear()
+    assert emulate_bf16(net) == ["Linear"]           # not RapidGPT's: its results are not rounded
+    precision = PrecisionConfig(params_dtype="bfloat16", emulated_bf16=True,
+                                accumulate_allreduce_grads_in_fp32=not grad_reduce_in_bf16)
+    wrapper = OptimizerWrapper.around(SGD(net.trainable_params(), 1.0, momentum=0.0), 0.0, precision)
+    def forward(batch):
+        return net(batch[0])
+
+    step = TrainStep(forward, wrapper, 2, precision.accumulate_allreduce_grads_in_fp32)
+    x = np.array([[1.0 + 2 ** -9, 3.0 + 2 ** -7, -0.1, 7.77], [2.0 ** -9, 1.001, 0.30103, -2.5]], np.float32)
+    before = wrapper.main_params[0].asnumpy().copy()
+    step((Tensor(x),), 1.0, 1)
+    halves = x * np.float32(0.5)
+    grad = bf16(bf16(halves[0]) + bf16(halves[1])) if grad_reduce_in_bf16 else halves[0] + halves[1]
+    np.testing.assert_array_equal(wrapper.main_params[0].asnumpy(), before - grad)
+    np.testing.assert_array_equal(net.weight.asnumpy(), bf16(before - grad))
+    assert (bf16(bf16(halves[0]) + bf16(halves[1])) != halves[0] + halves[1]).any()      # the test can tell
+
+
 def test_bf16_on_the_cpu_is_emulated_near_fp32_and_resumes_exactly(tmp_path, capsys):
     """--bf16 on the CPU backend (no bf16 kernels): emulated (the layers' rounding: tests/test_llama.py).
     It trains near the fp32 run but not as it, its checkpoints hold the fp32 main weights (not bf16

@@ -23,6 +23,7 @@ from functools import partial
 from rapidgpt import Pretrainer, RapidGPTEngine, get_args, get_tokenizer, next_batch
 from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
 from rapidgpt.data.gpt_dataset import GPTDatasetConfig
+from rapidgpt.data.mock_dataset import MockCorpus
 from rapidgpt.models import build_gpt_model
 
 
@@ -69,7 +70,8 @@ def loss_func(loss_mask, output_tensor):
 class MegatronGPTPretrainer(Pretrainer):
 
     def train_valid_test_datasets_provider(self, train_val_test_num_samples):
-        """Megatron's GPT datasets from --data-path (cut by --split) or --train/valid/test-data-path.
+        """Megatron's GPT datasets from --data-path (cut by --split) or --train/valid/test-data-path,
+        or Megatron's mock documents with --mock-data.
 
         `train_val_test_num_samples` says how many samples each split must yield (train iters x
         global batch, and so on for the evaluations); a split smaller than that wraps around in
@@ -94,6 +96,7 @@ class MegatronGPTPretrainer(Pretrainer):
             train_data_path=args.train_data_path,
             valid_data_path=args.valid_data_path,
             test_data_path=args.test_data_path,
+            mock=MockCorpus(tokenizer.vocab_size, tokenizer.eod) if args.mock_data else None,
         )
         self.logger.info(f"> GPT datasets: train {len(train_ds)}, "
                          f"valid {len(valid_ds) if valid_ds else 0}, "

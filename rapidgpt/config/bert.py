@@ -49,7 +49,9 @@ def check_bert_args(args, check):
         check.require(args.task != "pretraining" or args.tokenizer_type,
                       "--tokenizer-type: BERT pretraining builds its samples with [CLS]/[SEP]/[MASK]; give "
                       "--tokenizer-type BertWordPieceLowerCase (or BertWordPieceCase) --vocab-file vocab.txt")
-        check.require(args.task != "pretraining" or args.data_path or args.train_data_path,
+        check.require(not args.mock_data, "--mock-data: Megatron's mock documents are GPT data; BERT pretraining "
+                                          "needs a sentence-level corpus (--data-path)")
+        check.require(args.task != "pretraining" or args.data_path or args.train_data_path or args.mock_data,
                       "--data-path: BERT pretraining needs a sentence-level corpus (data_tools/preprocess_data.py "
                       "--split-sentences makes one, e.g. corpus_text_sentence); the embedded demo corpus is "
                       "the GPT's")

@@ -275,7 +275,7 @@ REFUSED = [
       "--multiple-validation-sets", "--validation-set-names"), ()),
     ("this data option is not built (give --data-path, or --train/valid/test-data-path, with weights)",
      ("--data-args-path", "--per-split-data-args-path", "--per-dataset-sequences-path", "--dataloader-fast-cache-load",
-      "--dataloader-defer-npy-index-mmap", "--mock-data", "--sample-rate", "--num-dataset-builder-threads",
+      "--dataloader-defer-npy-index-mmap", "--sample-rate", "--num-dataset-builder-threads",
       "--mid-level-dataset-surplus", "--allow-ambiguous-pad-tokens", "--dataloader-type"), ()),
     ("attention restricted to each document of a sample is not built (documents in a sample attend to each "
      "other, as Megatron's default)", ("--dataloader-inter-document-masking",), ()),

@@ -158,15 +158,5 @@ def check_precision_args(args, check):
     elif not args.fp16:
         args.accumulate_allreduce_grads_in_fp32 = True
     args.precision = PrecisionConfig.from_args(args)
-    if args.device:          # else the engine asks once it has picked the device
+    if args.device:          # else the engine settles it once it has picked the device
         args.precision = args.precision.on_device(args.device)
-        problem = check_precision_backend(args.precision, args.device)
-        check.require(problem is None, problem)
-
-
-def check_precision_backend(precision, device):
-    """One line for what `device` (cpu/gpu/ascend) cannot do of `precision`, or None."""
-    if precision.on_device(device).emulated_bf16 and not precision.accumulate_allreduce_grads_in_fp32:
-        return ("--grad-reduce-in-bf16: bf16 is emulated on the CPU backend (it has no bf16 kernels), in "
-                "fp32 tensors, and the gradients are reduced in fp32; remove --grad-reduce-in-bf16 there")
-    return None

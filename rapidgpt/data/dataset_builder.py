@@ -14,6 +14,7 @@ split by sequences), a BertDatasetConfig BERT samples of a sentence-level corpus
   every corpus used whole; one prefix is used as is, several are blended as above.
 - Any prefix may instead be a MindFormers MindRecord file (`NAME.mindrecord`, see
   mindrecord_dataset.py): its rows are cut by `--split` like documents, each row one sample.
+- `--mock-data`: Megatron's mock documents (mock_dataset.py), cut "1,1,1" as Megatron cuts them.
 
 These are the rules of NVIDIA/Megatron-LM's megatron/core/datasets/blended_megatron_dataset_builder.py
 (`BlendedMegatronDatasetBuilder._build_blended_dataset_splits`, `_get_size_per_split_per_dataset`)
@@ -25,6 +26,7 @@ while every other rank waits at a barrier, then all map the same files. The cach
 """
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -34,6 +36,8 @@ from rapidgpt.data.gpt_dataset import SPLIT_NAMES, GPTDataset, normalize, split_
 from rapidgpt.data.indexed_dataset import IndexedDataset
 from rapidgpt.data.mindrecord_dataset import (MindRecordCorpus, MindRecordGPTDataset,
                                               is_mindrecord)
+from rapidgpt.data.mock_dataset import MOCK_SPLIT
+from rapidgpt.utils import cache_root
 
 # Megatron's mid_level_dataset_surplus: the extra share of samples each part of a blend is built
 # with, so that the blend's greedy interleaving never asks a part for more than it has.
@@ -86,11 +90,11 @@ def rank_zero_builds():
 class _Builder:
     """Shared state of one build: config, rank-0-builds protocol, opened corpora."""
 
-    def __init__(self, config, build_on_this_rank, barrier):
+    def __init__(self, config, build_on_this_rank, barrier, mock=None):
         self.config = config
         self.build_on_this_rank = build_on_this_rank
         self.barrier = barrier
-        self._corpora = {}
+        self._corpora = {} if mock is None else {mock.path_prefix: mock}
 
     def corpus(self, prefix):
         """The documents (.bin/.idx) or rows (MindRecord) of `prefix`, opened once."""
@@ -135,8 +139,11 @@ class _Builder:
 
 def build_train_valid_test_datasets(config, train_valid_test_num_samples, data_path=None,
                                     split="969,30,1", train_data_path=None, valid_data_path=None,
-                                    test_data_path=None, build_on_this_rank=None, barrier=None):
+                                    test_data_path=None, build_on_this_rank=None, barrier=None, mock=None):
     """`[train, valid, test]` datasets (None where a split is empty or asks for 0 samples).
+
+    `mock`: a mock_dataset.MockCorpus (--mock-data), the data instead of the paths; its index
+    caches go to --data-cache-path, else to RapidGPT's cache.
 
     `train_valid_test_num_samples[i]` is how many samples split i must provide; None means one
     pass over its documents (single corpora only). Every rank of the job must call this.
@@ -145,8 +152,14 @@ def build_train_valid_test_datasets(config, train_valid_test_num_samples, data_p
     """
     if build_on_this_rank is None:
         build_on_this_rank, barrier = rank_zero_builds()
-    builder = _Builder(config, build_on_this_rank, barrier)
     separate = (train_data_path, valid_data_path, test_data_path)
+    if mock is not None:
+        if data_path or any(separate):
+            raise ValueError("--mock-data: give one data source, --mock-data or the data paths, not both")
+        data_path, split = [mock.path_prefix], MOCK_SPLIT
+        if config.data_cache_path is None:
+            config = replace(config, data_cache_path=os.path.join(cache_root(), "mock_data"))
+    builder = _Builder(config, build_on_this_rank, barrier, mock)
     if data_path and any(separate):
         raise ValueError("give either --data-path (cut by --split) or --train-data-path/"
                          "--valid-data-path/--test-data-path, not both")

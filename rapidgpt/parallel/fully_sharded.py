@@ -68,7 +68,7 @@ from rapidgpt.parallel.state import get_data_parallel_group, get_data_parallel_r
 from rapidgpt.tensor_tuples import map_tensors
 
 # The marks a parameter carries for the gradient norm and the pipeline's tied embeddings.
-_MARKS = ("tensor_model_parallel", "pipeline_shared", "pipeline_shared_copy")
+_MARKS = ("tensor_model_parallel", "pipeline_shared", "pipeline_shared_copy", "emulated_bf16")
 
 
 class FullyShardedModelError(ValueError):

@@ -14,6 +14,7 @@ from rapidgpt.data.bert_dataset import BertDatasetConfig
 from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
 from rapidgpt.data.demo_corpus import demo_corpus
 from rapidgpt.data.gpt_dataset import GPTDatasetConfig
+from rapidgpt.data.mock_dataset import MockCorpus
 from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.errors import UserError
 from rapidgpt.global_vars import get_tokenizer
@@ -45,6 +46,14 @@ def gpt_dataset_config(args):
                             data_cache_path=args.data_cache_path)
 
 
+def mock_corpus(args):
+    """--mock-data's documents for this run's tokenizer, or None."""
+    if not args.mock_data:
+        return None
+    tokenizer = get_tokenizer()
+    return MockCorpus(tokenizer.vocab_size, tokenizer.eod)
+
+
 class GPTPretrainer(Pretrainer):
     """The Megatron GPT example (pretrain_gpt.py) as a Pretrainer."""
 
@@ -53,7 +62,7 @@ class GPTPretrainer(Pretrainer):
         return build_train_valid_test_datasets(
             gpt_dataset_config(args), train_val_test_num_samples, data_path=args.data_path,
             split=args.split, train_data_path=args.train_data_path,
-            valid_data_path=args.valid_data_path, test_data_path=args.test_data_path)
+            valid_data_path=args.valid_data_path, test_data_path=args.test_data_path, mock=mock_corpus(args))
 
     def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
         return build_gpt_model(self.args, vocab_size(self.args), pre_process, post_process), None, None
@@ -103,7 +112,7 @@ def use_demo_corpus(args):
 def before_launch(args):
     """Once per node, before its ranks start: build the demo corpus they will read (rather than
     every rank building it at the same moment)."""
-    if not (args.data_path or args.train_data_path):
+    if not (args.data_path or args.train_data_path or args.mock_data):
         demo_corpus()
 
 
@@ -111,7 +120,7 @@ def main(argv=None, args=None):
     """Run the task on `argv` (default: the command line), or on the already parsed `args`."""
     args = args if args is not None else parse_args(argv=argv)
     bert = args.model_type == "bert"
-    if not (args.data_path or args.train_data_path):       # (BERT: refused by check_bert_args)
+    if not (args.data_path or args.train_data_path or args.mock_data):     # (BERT: refused by check_bert_args)
         use_demo_corpus(args)
     engine = RapidGPTEngine(args=args)
     trainer = (BertPretrainer if bert else GPTPretrainer)(engine)

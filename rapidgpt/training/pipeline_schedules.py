@@ -49,7 +49,7 @@ from rapidgpt.parallel.state import (get_data_parallel_rank, get_data_parallel_w
                                      get_pipeline_neighbour_groups)
 from rapidgpt.training.schedules import (DataParallelFinalize, accumulate, add_stats, casts_to_fp32, loss_and_stats,
                                          loss_multiplier, micro_batch_dropout_key, per_token_finalize,
-                                         select_micro_batch, stacked_losses, unstacked_losses)
+                                         rounds_to_bf16, select_micro_batch, stacked_losses, unstacked_losses)
 from rapidgpt.training.step import compile_then_meet, floats, step_result
 
 
@@ -164,8 +164,9 @@ class ForwardBackwardPipelining:
         self.run_forward = StageForward(forward, model, self.last, per_token)
         self.links = StageLinks(*get_pipeline_neighbour_groups(), activation_shape, activation_dtype)
         self.cast_to_fp32 = casts_to_fp32(self.params, accumulate_in_fp32)
+        self.round_bf16 = rounds_to_bf16(self.params, accumulate_in_fp32)
         self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
-        self.finalize_dp = DataParallelFinalize(self.params, self.cast_to_fp32, gradient_layout)
+        self.finalize_dp = DataParallelFinalize(self.params, self.cast_to_fp32, gradient_layout, self.round_bf16)
         self.shared = [i for i, p in enumerate(self.params) if getattr(p, "pipeline_shared", False)]
         self.embedding_sum = comm.AllReduce(get_embedding_group()) if self.shared else None
         self.pipeline_sum = comm.AllReduce(get_pipeline_model_parallel_group())
@@ -214,7 +215,7 @@ class ForwardBackwardPipelining:
             micro_grads = _backward(output, seed, wrt)
             if not self.first:
                 input_grads[j], micro_grads = micro_grads[-1], micro_grads[:-1]
-            grads = accumulate(grads, micro_grads, self.cast_to_fp32)
+            grads = accumulate(grads, micro_grads, self.cast_to_fp32, self.round_bf16)
 
         for kind, index in one_f_one_b(self.pp_size, self.stage, m):
             timer = self.timers(TIMER_OF.get(kind, "pipeline-p2p"), log_level=2)

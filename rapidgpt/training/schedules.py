@@ -19,6 +19,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import ParameterTuple, Tensor, nn, ops
 
+from rapidgpt.emulated_bf16 import round_to_bf16
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.data_parallel import REDUCED_IN_BACKWARD, GradientShardReducer, GradientSummer
 from rapidgpt.parallel.random import micro_batch_key, set_dropout_key
@@ -120,11 +121,24 @@ def casts_to_fp32(params, accumulate_in_fp32):
     return accumulate_in_fp32 and any(p.dtype != ms.float32 for p in params)
 
 
-def accumulate(grads, micro_grads, cast_to_fp32):
-    """`grads + micro_grads` (tuples in params order; `grads` None for the first micro-batch)."""
+def rounds_to_bf16(params, accumulate_in_fp32):
+    """Whether gradients are rounded to bf16 values as they are summed: an emulated bf16 model
+    (rapidgpt/emulated_bf16.py) with --grad-reduce-in-bf16, whose bf16 run sums the micro-batches'
+    gradients and reduces them over the data-parallel ranks in a bf16 buffer."""
+    return not accumulate_in_fp32 and any(getattr(p, "emulated_bf16", False) for p in params)
+
+
+def accumulate(grads, micro_grads, cast_to_fp32, round_bf16=False):
+    """`grads + micro_grads` (tuples in params order; `grads` None for the first micro-batch);
+    with `round_bf16` each micro-batch's gradients and each sum rounded to bf16 values."""
     if cast_to_fp32:
         micro_grads = map_tensors(to_fp32, micro_grads)
-    return micro_grads if grads is None else map_tensors(ops.add, grads, micro_grads)
+    if round_bf16:
+        micro_grads = map_tensors(round_to_bf16, micro_grads)
+    if grads is None:
+        return micro_grads
+    total = map_tensors(ops.add, grads, micro_grads)
+    return map_tensors(round_to_bf16, total) if round_bf16 else total
 
 
 def _itemsize(dtype):
@@ -157,11 +171,12 @@ class DataParallelFinalize(nn.Cell):
     averaged, grads summed)` (`losses`: the loss, or the loss and its statistics stacked) (flat buckets, rapidgpt/parallel/data_parallel.py). With a
     `gradient_layout` (a ShardPlan: the optimizer wrapper keeps gradient shards, ZeRO-2) the sum
     is reduce-scattered and `grads` come back as this rank's pieces of it; REDUCED_IN_BACKWARD
-    (ZeRO-3) leaves the gradients as they are. `gradient_bytes`: the bytes of the gradients it
-    hands the optimizer."""
+    (ZeRO-3) leaves the gradients as they are. `round_bf16`: the reduced gradients rounded to bf16
+    values (`rounds_to_bf16`). `gradient_bytes`: the bytes of the gradients it hands the optimizer."""
 
-    def __init__(self, params, cast_to_fp32, gradient_layout=None):
+    def __init__(self, params, cast_to_fp32, gradient_layout=None, round_bf16=False):
         super().__init__(auto_prefix=False)
+        self.round_bf16 = round_bf16
         self.dp_size = get_data_parallel_world_size()
         self.reduces_grads = gradient_layout is not REDUCED_IN_BACKWARD
         self.sharded = self.reduces_grads and gradient_layout is not None
@@ -179,7 +194,11 @@ class DataParallelFinalize(nn.Cell):
     def construct(self, loss, grads):
         if self.dp_size == 1:
             return loss, self.sum_over_dp(grads) if self.sharded else grads
-        return self.dp_sum(loss) / self.dp_size, self.sum_over_dp(grads) if self.reduces_grads else grads
+        if self.reduces_grads:
+            grads = self.sum_over_dp(grads)
+            if self.round_bf16:
+                grads = map_tensors(round_to_bf16, grads)
+        return self.dp_sum(loss) / self.dp_size, grads
 
 
 class ForwardBackwardNoPipelining(nn.Cell):
@@ -206,9 +225,10 @@ class ForwardBackwardNoPipelining(nn.Cell):
         self.num_micro_batches = num_micro_batches
         self.per_token = per_token
         self.cast_to_fp32 = casts_to_fp32(params, accumulate_in_fp32)
+        self.round_bf16 = rounds_to_bf16(params, accumulate_in_fp32)
         self.grad_fn = ms.value_and_grad(self.micro_batch_loss, None, ParameterTuple(params), has_aux=True)
         self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
-        self.finalize = DataParallelFinalize(params, self.cast_to_fp32, gradient_layout)
+        self.finalize = DataParallelFinalize(params, self.cast_to_fp32, gradient_layout, self.round_bf16)
 
     def micro_batch_loss(self, micro_batch, loss_multiplier, key):
         """(the loss the backward starts from, the hook's loss in fp32, its statistics' values, their
@@ -240,7 +260,7 @@ class ForwardBackwardNoPipelining(nn.Cell):
         # unused value makes MindSpore warn "Some side effect nodes were eliminated by mistake".
         (scaled, total, stats, names), grads = self.micro_batch(stacked, 0, iteration, multiplier)
         total = ops.depend(total, scaled)
-        grads = accumulate(None, grads, self.cast_to_fp32)
+        grads = accumulate(None, grads, self.cast_to_fp32, self.round_bf16)
         # Unrolled: each micro-batch is its own subgraph, so compiling costs ~n times one
         # micro-batch (benchmarks/compile_profile.py). Not a loop, measured with MindSpore 2.10 on
         # CPU: a `while` over a tensor index compiles to the same losses, but the step then hangs
@@ -250,7 +270,7 @@ class ForwardBackwardNoPipelining(nn.Cell):
             (scaled, loss, micro_stats, same_names), micro_grads = self.micro_batch(stacked, i, iteration, multiplier)
             total = total + ops.depend(ops.depend(loss, scaled), same_names)
             stats = add_stats(stats, micro_stats)
-            grads = accumulate(grads, micro_grads, self.cast_to_fp32)
+            grads = accumulate(grads, micro_grads, self.cast_to_fp32, self.round_bf16)
         if self.per_token:          # stats: the tokens, then the statistics' sums
             values, grads = per_token_finalize(*self.finalize(stacked_losses(total, stats), grads), self.dp_size)
         else:

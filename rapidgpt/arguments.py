@@ -27,6 +27,7 @@ from rapidgpt.config.megatron_flags import add_megatron_flags, check_megatron_fl
 from rapidgpt.config.precision import add_precision_args, check_precision_args
 from rapidgpt.config.transformer import add_architecture_args, check_architecture_args
 from rapidgpt.config.recompute import add_recompute_args, check_recompute_args
+from rapidgpt.config.replica_checks import add_replica_check_args, check_replica_check_args
 from rapidgpt.config.zero import add_zero_args, check_zero_args
 from rapidgpt.flag_parser import ArgumentError, FlagParser, Problems, report_and_exit
 from rapidgpt.msrun_env import launched_by_msrun, launched_world_size
@@ -336,7 +337,8 @@ def build_parser(extra_args_provider=None, megatron_flags=True):
     for add in (_model_args, add_architecture_args, add_bert_args, _batch_args, add_batch_size_rampup_args,
                 _finetuning_args, _optimizer_args, _data_args, _checkpoint_args,
                 _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
-                add_zero_args, add_kernel_fusion_args, add_compile_cache_args, add_implementation_choice_args,
+                add_zero_args, add_replica_check_args, add_kernel_fusion_args, add_compile_cache_args,
+                add_implementation_choice_args,
                 _launcher_args, _rapidformer_args,
                 _reserved_args):
         add(parser)
@@ -470,6 +472,7 @@ def validate_args(args, world_size=1, check=None):
     check_precision_args(args, check)
     check_recompute_args(args, check)
     check_zero_args(args, check)
+    check_replica_check_args(args, check)
     check_kernel_fusion_args(args, check)
     check_compile_cache_args(args, check)
     check_implementation_choice_args(args, check)

@@ -232,8 +232,10 @@ LAYOUT_MODEL = ("--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidd
 PP2 = ("--pipeline-model-parallel-size", "2")
 ZERO3 = ("--zero-3-memory-optimization",)
 SP = ("--sequence-parallel",)
+# Megatron's replica checks, which change no number: each rank's copies of the q/k norms and weights.
+CHECKS = ("--test-mode", "--check-weight-hash-across-dp-replicas-interval", "1")
 # PP=2 alone is in both PP=2 layouts below.
-LAYOUTS = {"tp2": (2, 2), "tp2-sp": (2, 2, *SP), "dp2-zero1": (2, 1, "--zero-1-memory-optimization"),
+LAYOUTS = {"tp2": (2, 2, *CHECKS[:1]), "tp2-sp": (2, 2, *SP), "dp2-zero1": (2, 1, "--zero-1-memory-optimization", *CHECKS),
            "dp2-zero2": (2, 1, "--zero-2-memory-optimization"), "dp2-zero3": (2, 1, *ZERO3),
            "pp2xtp2-sp": (4, 2, *PP2, *SP),
            "pp2xdp2-zero3": (4, 1, *PP2, *ZERO3)}
@@ -256,8 +258,12 @@ def test_llama_layouts_print_the_single_process_run(llama_runs, layout):
     from test_parallel import assert_same_run, assert_same_weights
 
     nproc, tp, *flags = LAYOUTS[layout]
-    found, save, _ = llama_runs(nproc, tp, *LAYOUT_MODEL, *flags)
+    found, save, log = llama_runs(nproc, tp, *LAYOUT_MODEL, *flags)
     reference, single_save, _ = llama_runs(1, 1, *LAYOUT_MODEL)
+    if "--test-mode" in flags:      # the checks ran (a mismatch would have stopped the run)
+        assert " > --test-mode: after every iteration, the 4 q/k norm weights of this rank are compared" in log
+    if CHECKS[1] in flags:
+        assert " > every 1 iterations, every model weight is compared with each data-parallel rank's" in log
     assert_same_run(found, reference)
     vocab_size = json.loads(Path(save, "iter_0000012", "metadata.json").read_text())["vocab_size"]
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)

@@ -136,8 +136,9 @@ def usage_error(message):
 
 
 def check_data_flags(args):
-    """This example trains on your mmap corpus: refuse to start without one, saying what to pass."""
-    if not (args.data_path or args.train_data_path):
+    """This example trains on your mmap corpus (or Megatron's --mock-data): refuse to start without
+    one, saying what to pass."""
+    if not (args.data_path or args.train_data_path or args.mock_data):
         usage_error("--data-path PREFIX is required (a Megatron .bin/.idx prefix made by "
                     "data_tools/preprocess_data.py, e.g. my-corpus_text_document). To try it on the "
                     "embedded demo corpus run launch/pretrain_gpt.sh, or `rapidgpt --task pretraining`.")

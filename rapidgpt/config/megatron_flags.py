@@ -252,8 +252,9 @@ REFUSED = [
      ("--batch-size", "--warmup", "--model-parallel-size"), ()),
     ("batch-size schedules other than --rampup-batch-size are not built",
      ("--step-batch-size-schedule", "--decrease-batch-size-if-needed", "--phase-transition-iterations"), ()),
-    ("Megatron's GPU health checks are not built",
-     ("--check-weight-hash-across-dp-replicas-interval", "--gpu-sniff-test-interval", "--test-mode"), ()),
+    ("Megatron's GPU health checks are not built (--test-mode and "
+     "--check-weight-hash-across-dp-replicas-interval compare the ranks' copies of the weights)",
+     ("--gpu-sniff-test-interval",), ()),
     ("skipping chosen iterations is not built", ("--iterations-to-skip",), ()),
     ("the exit signal is SIGTERM (or SIGINT); another is not built", ("--exit-signal",), ()),
     ("PyTorch's profiler and CUDA memory history are not built (see --profile)",

@@ -31,6 +31,7 @@ from rapidgpt.training.checkpointing import (ExitSignal, load_checkpoint, load_p
 from rapidgpt.training.hook_contract import HookContractError, check_returned
 from rapidgpt.training.model_transforms import prepare_model
 from rapidgpt.training.pipeline_schedules import PipelineEvalStep, PipelineTrainStep
+from rapidgpt.training.replica_checks import ReplicaChecks
 from rapidgpt.training.reporting import Reporter
 from rapidgpt.training.step import EvalStep, TrainStep
 
@@ -226,6 +227,9 @@ class Trainer:
                                      f"{steps[n].gradient_bytes} bytes")
             return steps[n]
 
+        replicas = ReplicaChecks(args, model, get_parallel_state())
+        for line in replicas.describe():
+            self.logger.info(line)
         reporter = Reporter(args, train_iters, start_iteration, self.throughput_unit,
                             self.flops_per_sample(model) if args.log_throughput else None)
         model.set_train(True)
@@ -248,6 +252,7 @@ class Trainer:
                     timers("forward-backward-optimizer", log_level=1).stop()
                     if result.updated:          # a skipped step does not advance the LR schedule
                         scheduler.step(gbs)
+                    replicas.after_iteration(iteration)
                     consumed += gbs
                     reporter.iteration(iteration, consumed, result.stats or {self.loss_name: result.loss},
                                        learning_rates(scheduler), result, time.perf_counter() - start,

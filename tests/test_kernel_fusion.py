@@ -121,8 +121,9 @@ def test_auto_is_on_where_the_requirements_are(tmp_path, monkeypatch):
 
 
 def test_each_rank_builds_its_kernels_in_a_cache_of_its_own(tmp_path, monkeypatch):
-    """The default kernel cache is per rank (two ranks writing one cache raced: use_kernel_cache);
-    a user's own MS_COMPILER_CACHE_PATH is left as it is."""
+    """The default kernel cache is per rank (two ranks writing one cache raced: use_kernel_cache),
+    another rank's starting with copies of the kernels rank 0's holds and it lacks; a user's own
+    MS_COMPILER_CACHE_PATH is left as it is."""
     import mindspore as ms
     from rapidgpt.config import kernel_fusion
 
@@ -133,6 +134,16 @@ def test_each_rank_builds_its_kernels_in_a_cache_of_its_own(tmp_path, monkeypatc
     assert kernel_fusion.use_kernel_cache(1) == str(base / "rank_1")
     assert kernel_fusion.use_kernel_cache(0) == str(base / "rank_0") == os.environ["MS_COMPILER_CACHE_PATH"]
     assert (base / "rank_0").is_dir() and (base / "rank_1").is_dir()
+    (base / "rank_0" / "akg_kernel_meta").mkdir()
+    for name, text in (("Fused_Add_1.so", "built by rank 0"), ("Fused_Add_1.info", "hash"), ("Fused_Mul_2.so", "0's")):
+        (base / "rank_0" / "akg_kernel_meta" / name).write_text(text)
+    (base / "rank_1" / "akg_kernel_meta").mkdir()
+    (base / "rank_1" / "akg_kernel_meta" / "Fused_Mul_2.so").write_text("1's own")
+    kernel_fusion.use_kernel_cache(1)
+    copied = {p.name: p.read_text() for p in (base / "rank_1" / "akg_kernel_meta").iterdir()}
+    assert copied == {"Fused_Add_1.so": "built by rank 0", "Fused_Add_1.info": "hash", "Fused_Mul_2.so": "1's own"}
+    assert not (base / "rank_1" / "akg_kernel_meta" / "Fused_Add_1.so").samefile(
+        base / "rank_0" / "akg_kernel_meta" / "Fused_Add_1.so")                      # a copy, not a link
     monkeypatch.setenv("MS_COMPILER_CACHE_PATH", str(tmp_path / "mine"))
     assert kernel_fusion.use_kernel_cache(1) == str(tmp_path / "mine")
 

@@ -157,18 +157,42 @@ def use_kernel_cache(rank):
     One cache per rank: the ranks of a job build the same kernels at the same moment, and MindSpore
     2.10 does not guard a shared `akg_kernel_meta` against that. Measured in the test suite: a rank
     found a kernel another rank was still writing, failed its hash check, could not rebuild it and
-    stopped ("GetOutputKernelObjectType"), and the job with it."""
+    stopped ("GetOutputKernelObjectType"), and the job with it. So that a kernel is still built
+    once per machine rather than once per rank, another rank's cache starts each job with copies of
+    the kernels rank 0's holds (`_copy_missing_kernels`)."""
     global _CACHE_SET_HERE
     import mindspore as ms
     from rapidgpt.utils import cache_root
 
     path = os.environ.get("MS_COMPILER_CACHE_PATH")
     if path is None or path == _CACHE_SET_HERE:
-        path = _CACHE_SET_HERE = os.path.join(cache_root(), "graph_kernels", f"mindspore-{ms.__version__}",
-                                              f"rank_{rank}")
+        ranks = os.path.join(cache_root(), "graph_kernels", f"mindspore-{ms.__version__}")
+        path = _CACHE_SET_HERE = os.path.join(ranks, f"rank_{rank}")
         os.environ["MS_COMPILER_CACHE_PATH"] = path
+        if rank:
+            _copy_missing_kernels(os.path.join(ranks, "rank_0", KERNELS), os.path.join(path, KERNELS))
     os.makedirs(path, exist_ok=True)
     return path
+
+
+KERNELS = "akg_kernel_meta"         # where MindSpore keeps a cache's kernels
+
+
+def _copy_missing_kernels(source, target):
+    """Copy into `target` the kernel files of `source` it lacks. Copies, not links: a kernel
+    MindSpore finds damaged it rebuilds in place, which must not write into another rank's cache.
+    A file rank 0 is still writing (a job running beside this one) fails MindSpore's hash check
+    here and is rebuilt in this rank's own cache: a rebuild, not the shared cache's race."""
+    if not os.path.isdir(source):
+        return
+    os.makedirs(target, exist_ok=True)
+    have = set(os.listdir(target))
+    for name in os.listdir(source):
+        if name not in have:
+            try:
+                shutil.copy2(os.path.join(source, name), os.path.join(target, name))
+            except OSError:         # gone meanwhile, or unreadable: MindSpore builds it
+                pass
 
 
 def check_kernel_fusion_backend(config, device):

@@ -80,6 +80,22 @@ def test_values_of_refused_flags_that_ask_for_what_rapidgpt_does_are_accepted_wi
     assert "--rerun-mode: refused: Megatron's rerun state machine" in err and "--spec: refused: custom layer" in err
 
 
+def test_megatrons_other_checkpoint_formats_get_a_reason_not_a_choices_error(capsys):
+    for value in ("torch_dcp", "fsdp_dtensor"):
+        with pytest.raises(SystemExit):
+            parse_args(argv=BASE + ["--ckpt-format", value])
+        err = capsys.readouterr().err
+        assert f"--ckpt-format {value}: refused: " in err and "not one of the choices" not in err
+
+
+def test_recompute_num_layers_without_a_granularity_is_ignored_as_megatron_does():
+    """Megatron accepts it alone and does nothing with it (a functional-test config gives it so)."""
+    args = parse_args(argv=BASE + ["--recompute-num-layers", "1"])
+    assert args.recompute.granularity is None
+    assert " > --recompute-num-layers: accepted; no effect without --recompute-granularity full, as in " \
+           "Megatron" in implementation_choice_lines(args)
+
+
 def test_use_torch_fsdp2_is_zero_stage_3():
     assert parse_args(argv=BASE + ["--use-torch-fsdp2"]).zero.stage == 3
 

@@ -70,13 +70,24 @@ VALUE_CHOICES = {
 }
 
 
+# (flag, value) -> why Megatron's value is refused: a value the flag's choices must not answer with
+# "not one of the choices" (a Megatron command line meets a reason instead).
+REFUSED_VALUES = {
+    ("--ckpt-format", "torch_dcp"): "PyTorch DCP checkpoints (Megatron's FSDP2 format) are not written; RapidGPT's "
+                                    "own checkpoints load at any layout: use torch_dist (or ckpt)",
+    ("--ckpt-format", "fsdp_dtensor"): "Megatron-FSDP's DTensor checkpoints are not built (nor is Megatron-FSDP); "
+                                       "use torch_dist (or ckpt)",
+}
+
+
 def _dest(flag):
     return flag.lstrip("-").replace("-", "_")
 
 
 def values_of(flag, own):
-    """The --flag choices: RapidGPT's `own` values, then the accepted values of VALUE_CHOICES."""
-    return [*own, *(value for (name, value) in VALUE_CHOICES if name == flag)]
+    """The --flag choices: RapidGPT's `own` values, then Megatron's values of VALUE_CHOICES and
+    REFUSED_VALUES (refused by the check, with the reason)."""
+    return [*own, *(value for (name, value) in [*VALUE_CHOICES, *REFUSED_VALUES] if name == flag)]
 
 
 def add_implementation_choice_args(parser):
@@ -95,6 +106,8 @@ def check_implementation_choice_args(args, check):
                   f"--context-parallel-size: {args.context_parallel_size} is refused: context parallelism (the "
                   f"sequence split over ranks inside attention) is not built; use 1, or --sequence-parallel with "
                   f"tensor parallelism to split activations along the sequence")
+    for (flag, value), reason in REFUSED_VALUES.items():
+        check.require(getattr(args, _dest(flag), None) != value, f"{flag} {value}: refused: {reason}")
     args.accepted_values = list(getattr(args, "accepted_values", ()))      # validated twice: kept
     for (flag, value), (own, _) in VALUE_CHOICES.items():
         if getattr(args, _dest(flag), None) == value:

@@ -75,5 +75,10 @@ def check_recompute_args(args, check):
     else:
         what = "selective recompute" if granularity else "no --recompute-granularity"
         check.require(method is None, f"--recompute-method: only for --recompute-granularity full ({what} given)")
-        check.require(n is None, f"--recompute-num-layers: only for --recompute-granularity full ({what} given)")
+        check.require(n is None or not granularity,
+                      f"--recompute-num-layers: only for --recompute-granularity full ({what} given)")
+        if n is not None and not granularity:   # Megatron ignores it so (its functional tests give it)
+            line = " > --recompute-num-layers: accepted; no effect without --recompute-granularity full, as in Megatron"
+            lines = list(getattr(args, "megatron_flag_lines", ()))      # shown with the Megatron flags' lines
+            args.megatron_flag_lines = lines + [line] * (line not in lines)
     args.recompute = RecomputeConfig.from_args(args)

@@ -89,6 +89,7 @@ def convert(load, save, target_tp, target_pp=None):
         _write_pieces(source, tmp, full, state, padded, target_tp, target_pp, model)
         metadata["parallel"] = dict(parallel, tensor_model_parallel_size=target_tp,
                                     pipeline_model_parallel_size=target_pp, world_size=target_tp * target_pp)
+        metadata["parallel"].pop("stage_layers", None)          # the target's stages split evenly
         if padded and metadata.get("padded_vocab_size"):
             metadata["padded_vocab_size"] = max(padded.values())
         metadata.setdefault("args", {}).update(tensor_model_parallel_size=target_tp,

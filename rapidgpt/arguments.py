@@ -27,6 +27,8 @@ from rapidgpt.config.megatron_flags import add_megatron_flags, check_megatron_fl
 from rapidgpt.config.precision import add_precision_args, check_precision_args
 from rapidgpt.config.transformer import add_architecture_args, check_architecture_args
 from rapidgpt.config.recompute import add_recompute_args, check_recompute_args
+from rapidgpt.config.pipeline_split import (add_pipeline_split_args, check_interleaved_batch,
+                                            check_pipeline_split_args, pipeline_split_from_args)
 from rapidgpt.config.replica_checks import add_replica_check_args, check_replica_check_args
 from rapidgpt.config.zero import add_zero_args, check_zero_args
 from rapidgpt.flag_parser import ArgumentError, FlagParser, Problems, report_and_exit
@@ -150,15 +152,6 @@ def _data_args(parser):
     g.add_argument("--seed", type=int, default=1234)
 
 
-# Flags whose feature arrives in a later release. They parse (so a Megatron launch script reads
-# without surprises) and any non-default value is refused with this explanation.
-NOT_YET = {
-    "the interleaved pipeline schedule and uneven pipeline stages arrive in a later release": [
-        ("--num-layers-per-virtual-pipeline-stage", None), ("--decoder-first-pipeline-num-layers", None),
-        ("--decoder-last-pipeline-num-layers", None)],
-}
-
-
 def _parallel_args(parser):
     g = parser.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1,
@@ -166,8 +159,8 @@ def _parallel_args(parser):
                         "parallel size is the number of processes / (TP x PP)")
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1,
                    help="split the decoder's layers into this many stages run as Megatron's 1F1B "
-                        "pipeline (each stage a block of DP ranks); --num-layers must be divisible by it "
-                        "(see README, Pipeline parallelism)")
+                        "pipeline (each stage a block of DP ranks); evenly unless the pipeline split flags "
+                        "say otherwise (see README, Pipeline parallelism)")
 
 
 def _launcher_args(parser):
@@ -215,16 +208,6 @@ def _rapidformer_args(parser):
                         "names are refused")
     for flag in HUB_FLAGS:
         g.add_argument(flag, default=None, help="refused: nothing is downloaded (give local files)")
-
-
-def _reserved_args(parser):
-    g = parser.add_argument_group("not in this build (refused with an explanation if used)")
-    for flags in NOT_YET.values():
-        for flag, default in flags:
-            if isinstance(default, bool):
-                g.add_argument(flag, action="store_true")
-            else:
-                g.add_argument(flag, type=int if isinstance(default, int) else str, default=default)
 
 
 def _checkpoint_args(parser):
@@ -339,8 +322,7 @@ def build_parser(extra_args_provider=None, megatron_flags=True):
                 _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
                 add_zero_args, add_replica_check_args, add_kernel_fusion_args, add_compile_cache_args,
                 add_implementation_choice_args,
-                _launcher_args, _rapidformer_args,
-                _reserved_args):
+                _launcher_args, _rapidformer_args, add_pipeline_split_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -468,6 +450,7 @@ def validate_args(args, world_size=1, check=None):
                     _check_data, _check_checkpointing, _check_task, _check_generation):
         section(args, check, world_size)
     check_batch_size_rampup_args(args, check)
+    check_interleaved_batch(args, check)
     check_bert_args(args, check)
     check_precision_args(args, check)
     check_recompute_args(args, check)
@@ -507,10 +490,6 @@ def _flag(name):
 
 
 def _check_refused(args, check, world_size):
-    for reason, flags in NOT_YET.items():
-        for flag, default in flags:
-            value = getattr(args, flag.lstrip("-").replace("-", "_"))
-            check.require(value == default, f"{flag}: not in this build ({reason}); remove it")
     for flag, what in HUB_FLAGS.items():
         check.require(getattr(args, flag.lstrip("-").replace("-", "_")) is None,
                       f"{flag}: {what}, and RapidGPT downloads nothing; convert the data to local files "
@@ -573,20 +552,19 @@ def _check_layout(args, check, world_size):
     if not check.require(pp >= 1, f"--pipeline-model-parallel-size: must be >= 1, got {pp}"):
         pp = args.pipeline_model_parallel_size = 1
     model_parallel = tp * pp
-    layers_split = not args.num_layers or args.num_layers % pp == 0
     processes = (f"{world_size} process{'' if world_size == 1 else 'es'} cannot be split into groups of "
                  f"{tp} (TP) x {pp} (PP)")
     # The flag that does not fit the processes: PP when TP alone fits them, else TP.
     pipeline_misfits = world_size % model_parallel != 0 and pp > 1 and world_size % tp == 0
-    if pipeline_misfits and not layers_split:       # one flag wrong twice: one message
+    plain_split = not (args.decoder_first_pipeline_num_layers or args.decoder_last_pipeline_num_layers
+                       or args.account_for_embedding_in_pipeline_split or args.account_for_loss_in_pipeline_split)
+    if pipeline_misfits and plain_split and args.num_layers and args.num_layers % pp:   # one flag wrong twice
         check.add(f"--pipeline-model-parallel-size: {processes}, nor --num-layers {args.num_layers} into {pp} "
                   f"equal stages; choose a stage count that divides the layers and, times TP {tp}, the number "
                   f"of processes (--nproc-per-node x --nnodes)")
+        args.pipeline_split = pipeline_split_from_args(args)
     else:
-        check.require(layers_split,
-                      f"--pipeline-model-parallel-size: --num-layers {args.num_layers} cannot be split into {pp} "
-                      f"equal stages; choose a stage count that divides the layers (uneven "
-                      f"--decoder-first/last-pipeline-num-layers are not supported)")
+        check_pipeline_split_args(args, check)
         check.require(world_size % model_parallel == 0,
                       f"--{'pipeline' if pipeline_misfits else 'tensor'}-model-parallel-size: {processes}; make "
                       f"the number of processes (--nproc-per-node x --nnodes) a multiple of {model_parallel}")

@@ -68,7 +68,9 @@ class RapidGPTEngine:
         self.parallel_state = state = ParallelState(
             world_size=world_size, rank=rank, tensor_model_parallel_size=args.tensor_model_parallel_size,
             pipeline_model_parallel_size=args.pipeline_model_parallel_size)
-        initialize_parallel_state(state, groups=self._groups(state) if world_size > 1 else None)
+        split = getattr(args, "pipeline_split", None)
+        ring = split is not None and split.interleaved
+        initialize_parallel_state(state, groups=self._groups(state, ring) if world_size > 1 else None)
         self.tokenizer = build_tokenizer(args) if args.tokenizer_type else None
         # Checkpoints embed the tokenizer files; read now, they are saved even if their source
         # (e.g. a checkpoint this run resumed from) is pruned or deleted later.
@@ -82,9 +84,10 @@ class RapidGPTEngine:
             get_logger().info(line)
 
     @staticmethod
-    def _groups(state):
+    def _groups(state, ring=False):
         """This rank's communication groups (every member creates each; the neighbour pairs in
-        stage order, so that each pair's two members create it at matching moments)."""
+        stage order, so that each pair's two members create it at matching moments; with `ring`,
+        the interleaved schedule's, the last and first stages' own pair after them)."""
         prev, nxt = state.pipeline_pairs()
         groups = {"tensor": comm.new_group(state.tensor_parallel_ranks()),
                   "data": comm.new_group(state.data_parallel_ranks()),
@@ -94,6 +97,8 @@ class RapidGPTEngine:
         groups["embedding"] = comm.new_group(embedding) if state.rank in embedding else None
         groups["pipeline_prev"] = comm.new_group(prev) if prev else None
         groups["pipeline_next"] = comm.new_group(nxt) if nxt else None
+        wrap = state.pipeline_wrap_pair() if ring else None
+        groups["pipeline_wrap"] = comm.new_group(wrap, purpose="ring") if wrap else None
         return groups
 
     def compose(self, model, optimizer=None, lr_scheduler=None, train_dataloader=None):

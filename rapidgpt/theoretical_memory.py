@@ -115,6 +115,25 @@ class RunLayout:
     recompute_method: Optional[str] = None          # "uniform", "block"
     recompute_num_layers: int = 1
     sequence_parallel: bool = False                 # --sequence-parallel (with TP)
+    stage_layers: Optional[tuple] = None            # layers per pipeline stage (None: even)
+    virtual_pipeline: int = 1                       # model chunks per rank (the interleaved schedule)
+    microbatch_group: Optional[int] = None          # its micro-batch group (None: the pipeline size)
+
+    def layers_of(self, shape, stage):
+        """The decoder layers pipeline stage `stage` holds."""
+        if self.stage_layers is not None:
+            return self.stage_layers[stage]
+        return shape.num_layers // self.pipeline_parallel
+
+    def chunk_forwards_held(self, stage):
+        """How many (model chunk, micro-batch) forwards stage `stage` holds at most: Megatron's
+        warm-up plus one (min(P - stage, m) without the interleaved schedule)."""
+        pp, m, v = self.pipeline_parallel, self.num_micro_batches, self.virtual_pipeline
+        if pp == 1:
+            return 1
+        if v == 1:
+            return min(pp - stage, m)
+        return min(2 * (pp - stage - 1) + (v - 1) * (self.microbatch_group or pp) + 1, m * v)
 
 
 @dataclass
@@ -166,10 +185,11 @@ def layer_parameters(shape, tp=1):
     return split // tp + replicated                  # projection and fc2 biases, the norms
 
 
-def stage_parameters(shape, stage, pp=1, tp=1):
-    """Parameters of pipeline stage `stage` on one tensor-parallel rank."""
+def stage_parameters(shape, stage, pp=1, tp=1, layers=None):
+    """Parameters of pipeline stage `stage` on one tensor-parallel rank (holding `layers` decoder
+    layers; None: an even split)."""
     h = shape.hidden_size
-    count = shape.num_layers // pp * layer_parameters(shape, tp)
+    count = (shape.num_layers // pp if layers is None else layers) * layer_parameters(shape, tp)
     if stage == 0:
         count += shape.padded_vocab_size * h // tp + shape.max_position_embeddings * h * shape.learned_positions
     if stage == pp - 1:
@@ -229,9 +249,9 @@ def layer_activation_bytes(shape, layout, e):
 
 
 def stage_activation_bytes(shape, layout, stage, e):
-    """Activations of one micro-batch on stage `stage`'s ranks."""
+    """Activations of one micro-batch on stage `stage`'s ranks (through all of its model chunks)."""
     s, b, h = shape.seq_length, layout.micro_batch_size, shape.hidden_size
-    layers = shape.num_layers // layout.pipeline_parallel
+    layers = layout.layers_of(shape, stage)
     per_layer = layer_activation_bytes(shape, layout, e)
     if layout.recompute_granularity == "full":
         n = min(layout.recompute_num_layers, layers)
@@ -254,8 +274,9 @@ def estimate(shape, layout):
     pp, e = layout.pipeline_parallel, layout.params_bytes
     stages = []
     for stage in range(pp):
-        psi = stage_parameters(shape, stage, pp, layout.tensor_parallel)
-        in_flight = min(pp - stage, layout.num_micro_batches) if pp > 1 else 1
+        psi = stage_parameters(shape, stage, pp, layout.tensor_parallel, layout.layers_of(shape, stage))
+        # Micro-batches in flight through the whole stage: the held chunk forwards / chunks.
+        in_flight = layout.chunk_forwards_held(stage) / layout.virtual_pipeline
         weights, gradients, optimizer = model_state_bytes(psi, layout)
         held = math.ceil(psi / layout.data_parallel) if layout.zero_stage >= 3 else psi
         stages.append(StageMemory(
@@ -263,11 +284,11 @@ def estimate(shape, layout):
             weight_bytes_per_rank=weights,
             gradient_bytes_per_rank=gradients, optimizer_bytes_per_rank=optimizer,
             activation_bytes_per_rank=int(stage_activation_bytes(shape, layout, stage, e) * in_flight),
-            micro_batches_in_flight=in_flight))
+            micro_batches_in_flight=math.ceil(in_flight)))
     largest = max(stages, key=lambda st: st.total_bytes)
     return MemoryEstimate(
         parameters=total_parameters(shape),
-        parameters_per_stage=[stage_parameters(shape, st, pp, 1) for st in range(pp)],
+        parameters_per_stage=[stage_parameters(shape, st, pp, 1, layout.layers_of(shape, st)) for st in range(pp)],
         parameters_per_rank=largest.parameters_per_rank,
         parameters_per_model_parallel_rank=largest.parameters_per_model_parallel_rank,
         weight_bytes_per_rank=largest.weight_bytes_per_rank,
@@ -291,6 +312,7 @@ def optimizer_bytes_per_parameter(optimizer, sgd_momentum, half, main_copies=Fal
 def layout_from_args(args):
     """The RunLayout of validated training flags (rapidgpt.arguments)."""
     precision, recompute = args.precision, args.recompute
+    split = getattr(args, "pipeline_split", None)
     params_bytes = precision.param_bytes
     zero_stage = args.zero.stage
     return RunLayout(
@@ -302,7 +324,10 @@ def layout_from_args(args):
         optimizer_bytes=optimizer_bytes_per_parameter(args.optimizer, args.sgd_momentum, precision.half,
                                                       zero_stage in (1, 2)),
         recompute_granularity=recompute.granularity, recompute_method=recompute.method,
-        recompute_num_layers=recompute.num_layers or 1, sequence_parallel=args.sequence_parallel)
+        recompute_num_layers=recompute.num_layers or 1, sequence_parallel=args.sequence_parallel,
+        stage_layers=tuple(len(layers) for layers in split.stage_layers()) if split is not None else None,
+        virtual_pipeline=split.virtual_size if split is not None else 1,
+        microbatch_group=split.microbatch_group_size if split is not None else None)
 
 
 def shape_from_args(args, vocab_size):

@@ -186,6 +186,9 @@ def test_parallel_state_rank_order_is_megatrons():
     assert state.tensor_parallel_ranks() == [4, 5]
     assert state.data_parallel_ranks() == [5, 7]
     assert state.pipeline_parallel_ranks() == [1, 5]
+    assert state.pipeline_wrap_pair() == [1, 5]            # the interleaved schedule's ring: last -> first
+    assert ParallelState(world_size=4, rank=1, pipeline_model_parallel_size=4).pipeline_wrap_pair() is None
+    assert ParallelState(world_size=4, rank=3, pipeline_model_parallel_size=4).pipeline_wrap_pair() == [0, 3]
     with pytest.raises(ValueError, match="world size 6 is not divisible by --tensor-model-parallel-size 4"):
         ParallelState(world_size=6, tensor_model_parallel_size=4)
 
@@ -198,6 +201,20 @@ def test_parallel_state_rank_order_is_megatrons():
     (6, ["--tensor-model-parallel-size", "4"], "--tensor-model-parallel-size: 6 processes cannot be split into groups of 4 (TP)"),
     (4, ["--tensor-model-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "6"],
      "--global-batch-size: 6 must be a positive multiple of --micro-batch-size 2 x data-parallel size 2"),
+    (4, ["--pipeline-model-parallel-size", "4", "--num-layers", "8", "--num-layers-per-virtual-pipeline-stage", "3"],
+     "--num-layers-per-virtual-pipeline-stage: 3 does not divide the 2 layers of each of the 4 stages"),
+    (4, ["--pipeline-model-parallel-size", "4", "--num-layers", "8", "--num-layers-per-virtual-pipeline-stage", "1",
+         "--global-batch-size", "4", "--micro-batch-size", "2"],
+     "--microbatch-group-size-per-virtual-pipeline-stage 4: the interleaved schedule runs groups of 4 micro-batches "
+     "but a step has 2"),
+    (4, ["--pipeline-model-parallel-size", "4", "--num-layers", "8", "--num-virtual-stages-per-pipeline-rank", "2",
+         "--decoder-first-pipeline-num-layers", "3"],
+     "--decoder-first-pipeline-num-layers: 3 layers cannot be cut into the 2 model chunks"),
+    (4, ["--pipeline-model-parallel-size", "4", "--num-layers", "8", "--num-layers-per-virtual-pipeline-stage", "1",
+         "--decoder-last-pipeline-num-layers", "2"],
+     "--num-layers-per-virtual-pipeline-stage: with --decoder-first/last-pipeline-num-layers give the chunk count"),
+    (1, ["--num-virtual-stages-per-pipeline-rank", "2"],
+     "--pipeline-model-parallel-size 1: the pipeline split flags"),
 ])
 def test_layout_errors_name_the_flags(world, argv, message):
     with pytest.raises(ArgumentError, match=re.escape(message)):
@@ -215,7 +232,7 @@ def test_layout_errors_name_the_flags(world, argv, message):
     (4, ["--pipeline-model-parallel-size", "3", "--tensor-model-parallel-size", "3", "--num-attention-heads", "6",
          "--hidden-size", "96"],
      ["--pipeline-model-parallel-size: --num-layers 4 cannot be split into 3 equal stages; choose a stage count "
-      "that divides the layers (uneven --decoder-first/last-pipeline-num-layers are not supported)",
+      "that divides the layers, or set --decoder-first/last-pipeline-num-layers",
       "--tensor-model-parallel-size: 4 processes cannot be split into groups of 3 (TP) x 3 (PP); make the "
       "number of processes (--nproc-per-node x --nnodes) a multiple of 9"]),
 ], ids=["pp-processes-and-layers", "pp-processes", "tp-processes-pp-layers"])

@@ -78,8 +78,11 @@ def assert_layout(save, tp, world_size, pp=1):
     """The run saving to `save` ran on that layout: its checkpoint's metadata records the parallel
     state the ranks actually built (not the flags)."""
     metadata = json.loads(Path(find_checkpoint(str(save)), "metadata.json").read_text())
-    assert metadata["parallel"] == {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-                                    "world_size": world_size}, metadata["parallel"]
+    parallel = dict(metadata["parallel"])
+    stage_layers = parallel.pop("stage_layers", None)          # recorded with pipeline stages
+    assert parallel == {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                        "world_size": world_size}, metadata["parallel"]
+    assert (stage_layers is None) == (pp == 1) and (pp == 1 or len(stage_layers) == pp), stage_layers
 
 
 def parameters_on_rank_0(log):
@@ -132,7 +135,7 @@ def checkpoint_of(save, iteration, folder):
     return str(folder)
 
 
-def assert_same_statistics(save, reference_save, tp, vocab_size, num_layers=2):
+def assert_same_statistics(save, reference_save, tp, vocab_size, num_layers=2, iterations=12):
     """--log-params-norm's TensorBoard scalar within 1e-5 of the single process's at every
     iteration; --log-num-zeros-in-grad's the same once the zero gradients of the padded vocabulary
     rows are taken off (TP=2 pads to a multiple of 2 x --make-vocab-size-divisible-by: more rows),
@@ -149,7 +152,8 @@ def assert_same_statistics(save, reference_save, tp, vocab_size, num_layers=2):
         return scalars(tensorboard_of(save), "params-norm"), zeros
     norms, zeros = statistics(save, tp)
     expected_norms, expected_zeros = statistics(reference_save, 1)
-    assert sorted(norms) == sorted(expected_norms) == list(range(1, 13)) and sorted(zeros) == sorted(expected_zeros)
+    assert sorted(norms) == sorted(expected_norms) == list(range(1, iterations + 1))
+    assert sorted(zeros) == sorted(expected_zeros)
     key_biases = num_layers * hidden
     for i, count in zeros.items():
         assert abs(count - expected_zeros[i]) <= key_biases, (i, count, expected_zeros[i])

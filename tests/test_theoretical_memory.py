@@ -205,3 +205,23 @@ def test_log_throughput_uses_megatrons_flops_formula():
     from rapidgpt.training.reporting import training_log_line
     line = training_log_line(3, 10, 24, 1500.0, 1e-4, 8, {"lm loss": 2.5}, 1.0, 0.5, 0, 0, 100.0, tflops_per_rank=12.34)
     assert "| elapsed time per iteration (ms): 1500.0 | throughput per GPU (TFLOP/s/GPU): 12.3 | learning rate:" in line
+
+
+def test_uneven_and_interleaved_stages():
+    """The estimate counts each stage's own layers (uneven stages), and under the interleaved
+    schedule the chunk forwards its warm-up holds: stage 0 of P = 4 with V = 2 holds 11 of them,
+    5.5 micro-batches' worth, Megatron's P (1 + (P - 1) / (P V))."""
+    from rapidgpt.arguments import build_parser, validate_args
+    from rapidgpt.theoretical_memory import estimate, layer_parameters, layout_from_args, shape_from_args
+    flags = ["--num-layers", "10", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--vocab-size", "1000", "--train-iters", "1", "--pipeline-model-parallel-size", "4",
+             "--micro-batch-size", "1", "--global-batch-size", "8", "--num-virtual-stages-per-pipeline-rank", "2",
+             "--decoder-first-pipeline-num-layers", "4", "--decoder-last-pipeline-num-layers", "2"]
+    args = validate_args(build_parser().parse_args(flags), world_size=4)
+    shape, layout = shape_from_args(args, 1000), layout_from_args(args)
+    result = estimate(shape, layout)
+    assert result.parameters_per_stage[1] == result.parameters_per_stage[2] == 2 * layer_parameters(shape, 1)
+    assert result.parameters_per_stage[0] == stage_parameters(shape, 0, 4, 1, 4)
+    assert sum(result.parameters_per_stage) - shape.padded_vocab_size * 64 == result.parameters    # the tied copy
+    assert [layout.chunk_forwards_held(stage) for stage in range(4)] == [11, 9, 7, 5]
+    assert [st["micro_batches_in_flight"] for st in result.stages] == [6, 5, 4, 3]

@@ -284,13 +284,6 @@ def test_classification_data_error_is_one_line(env, demo, tmp_path):
     assert f"rapidgpt: error: {train}:2: no 'label' field" in result.stderr
 
 
-def test_flag_not_in_this_build(env):
-    result = run(["--task", "pretraining", "--decoder-first-pipeline-num-layers", "1"], env, timeout=120)
-    assert result.returncode == 2
-    assert ("rapidgpt: error: --decoder-first-pipeline-num-layers: not in this build (the interleaved pipeline "
-            "schedule and uneven pipeline stages arrive in a later release); remove it") in result.stderr
-
-
 def test_implementation_choices_are_accepted_with_one_line_each():
     """Megatron's implementation-choice flags parse and each gets one start-up line (no MindSpore
     needed to check them)."""

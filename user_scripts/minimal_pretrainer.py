@@ -18,9 +18,9 @@ class MyPretrainer(Pretrainer):
             config, train_val_test_num_samples, data_path=args.data_path, split=args.split)
         return train_ds, valid_ds, test_ds
 
-    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
+    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True, vp_stage=None):
         vocab_size = get_tokenizer().vocab_size
-        return build_gpt_model(self.args, vocab_size, pre_process, post_process), None, None  # None: from the flags
+        return build_gpt_model(self.args, vocab_size, pre_process, post_process, vp_stage), None, None  # None: flags
 
     def run_forward_step(self, data_iterator, model):
         batch = next_batch(data_iterator)           # Megatron: next(data_iterator); Tensors [micro batch, seq]

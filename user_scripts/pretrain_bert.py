@@ -84,10 +84,12 @@ class MegatronBertPretrainer(Pretrainer):
                          f"test {len(test_ds) if test_ds else 0} samples of {args.seq_length} tokens")
         return train_ds, valid_ds, test_ds
 
-    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
+    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True, vp_stage=None):
         """The built-in BERT (rapidgpt/models/bert.py) sized by the model flags; this pipeline stage's
-        part of it with --pipeline-model-parallel-size."""
-        model = build_bert_model(self.args, get_tokenizer().vocab_size, pre_process, post_process)
+        part of it with --pipeline-model-parallel-size (`vp_stage`: its model chunk under the
+        interleaved schedule)."""
+        model = build_bert_model(self.args, get_tokenizer().vocab_size, pre_process, post_process,
+                                 vp_stage=vp_stage)
         return model, None, None
 
     def run_forward_step(self, data_iterator, model):

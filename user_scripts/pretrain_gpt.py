@@ -103,15 +103,16 @@ class MegatronGPTPretrainer(Pretrainer):
                          f"test {len(test_ds) if test_ds else 0} samples of {args.seq_length} tokens")
         return train_ds, valid_ds, test_ds
 
-    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
-        """The built-in GPT, sized by --num-layers/--hidden-size/--num-attention-heads/...
+    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True, vp_stage=None):
+        """The built-in GPT, sized by --num-layers/--hidden-size/--num-attention-heads/...; with
+        pipeline stages, this stage's part (`vp_stage`: its model chunk under the interleaved schedule).
 
         Returning None for the optimizer and the scheduler lets the engine build them from the
         flags (AdamW from --lr/--weight-decay/--adam-*, Megatron's warmup + decay schedule).
         """
         tokenizer = get_tokenizer()
         vocab_size = tokenizer.vocab_size if tokenizer is not None else self.args.vocab_size
-        model = build_gpt_model(self.args, vocab_size, pre_process, post_process)
+        model = build_gpt_model(self.args, vocab_size, pre_process, post_process, vp_stage)
         return model, None, None
 
     def run_forward_step(self, data_iterator, model):

@@ -205,11 +205,9 @@ REFUSED = [
     ("reducing gradients with fp32 accumulation per parameter pattern is not built; "
      "--accumulate-allreduce-grads-in-fp32 reduces all 16-bit gradients in fp32",
      ("--ddp-reduce-scatter-with-fp32-accumulation", "--ddp-param-name-patterns-for-fp32-local-accumulation"), ()),
-    ("the interleaved (virtual) pipeline schedule and custom pipeline layouts are not built: the 1F1B "
-     "schedule splits the layers evenly",
-     ("--num-virtual-stages-per-pipeline-rank", "--microbatch-group-size-per-virtual-pipeline-stage",
-      "--pipeline-model-parallel-layout", "--account-for-embedding-in-pipeline-split",
-      "--account-for-loss-in-pipeline-split"), ()),
+    ("a custom pipeline layout string is not built; --decoder-first/last-pipeline-num-layers, "
+     "--account-for-embedding/loss-in-pipeline-split and --num-virtual-stages-per-pipeline-rank shape the split",
+     ("--pipeline-model-parallel-layout",), ()),
     ("CPU offloading of activations, weights or optimizer state is not built; --recompute-* trades compute for "
      "activation memory, ZeRO (--zero-*-memory-optimization) shards optimizer state",
      ("--cpu-offloading-*", "--fine-grained-activation-offloading", "--offload-modules", "--min-offloaded-tensor-size",

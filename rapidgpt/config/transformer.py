@@ -178,6 +178,8 @@ class TransformerConfig:
     # GPT's; BERT (rapidgpt/models/bert.py) sets bidirectional attention and the exact GELU.
     causal: bool = True
     activation: str = "gelu_tanh"
+    # Which layers each pipeline stage builds (rapidgpt/config/pipeline_split.py); None: evenly.
+    pipeline_split: object = None
 
     def __post_init__(self):
         if self.kv_channels is None:

@@ -100,9 +100,9 @@ class BertLMHead(RoundsToBf16, nn.Cell):
 
 class BertModel(LanguageModelStage):
     def __init__(self, config, vocab_size, padded_vocab_size, add_binary_head=True, add_lm_head=True,
-                 pre_process=None, post_process=None):
+                 pre_process=None, post_process=None, vp_stage=None):
         config = bert_config(config)
-        super().__init__(config, vocab_size, padded_vocab_size, pre_process, post_process)
+        super().__init__(config, vocab_size, padded_vocab_size, pre_process, post_process, vp_stage)
         self.add_binary_head, self.add_lm_head = add_binary_head, add_lm_head
         h, std = config.hidden_size, config.init_method_std
         if self.pre_process or (self.post_process and add_lm_head):
@@ -195,11 +195,11 @@ def bert_loss_func(loss_mask, sentence_order, output_tensor):
     return lm_loss + sop_loss, {"lm loss": lm_loss, "sop loss": sop_loss}
 
 
-def build_bert_model(args, vocab_size, pre_process=None, post_process=None, add_lm_head=True):
+def build_bert_model(args, vocab_size, pre_process=None, post_process=None, add_lm_head=True, vp_stage=None):
     """The built-in BERT from the model flags (binary head unless --bert-no-binary-head)."""
     return BertModel(TransformerConfig.from_args(args), vocab_size, padded_vocab_size_of(args, vocab_size),
                      add_binary_head=args.bert_binary_head, add_lm_head=add_lm_head,
-                     pre_process=pre_process, post_process=post_process)
+                     pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
 
 
 def build_bert_classifier(args, vocab_size):

@@ -6,10 +6,11 @@ from rapidgpt.models.classification import build_gpt_classifier
 from rapidgpt.models.gpt import build_gpt_model
 
 
-def build_model(args, vocab_size, pre_process=None, post_process=None):
-    """The built-in language model (this rank's pipeline stage unless told otherwise)."""
+def build_model(args, vocab_size, pre_process=None, post_process=None, vp_stage=None):
+    """The built-in language model (this rank's pipeline stage, or its model chunk `vp_stage`,
+    unless told otherwise)."""
     build = build_bert_model if args.model_type == "bert" else build_gpt_model
-    return build(args, vocab_size, pre_process, post_process)
+    return build(args, vocab_size, pre_process, post_process, vp_stage=vp_stage)
 
 
 def build_classifier(args, vocab_size):

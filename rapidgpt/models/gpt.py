@@ -10,9 +10,10 @@ With `--untie-embeddings-and-output-weights` the output layer has its own weight
 `position_ids` `[b, s]` default to 0..s-1 for every sequence (Megatron's data pipeline passes them,
 with --reset-position-ids restarting them at document boundaries).
 
-Pipeline stages (Megatron's pre_process/post_process, by default this rank's stage): the first
-stage holds the embeddings, the last the final LayerNorm, the output layer and the loss, each its
-range of layers under their global names (rapidgpt/parallel/pipeline.py). A stage that is not the
+Pipeline stages (Megatron's pre_process/post_process, by default this rank's stage; with the
+interleaved schedule one model per virtual stage `vp_stage`): the first stage holds the
+embeddings, the last the final LayerNorm, the output layer and the loss, each its range of layers
+under their global names (rapidgpt/config/pipeline_split.py). A stage that is not the
 first takes its input `[b, s, h]` from Megatron's `set_input_tensor` (tokens are then unused); one
 that is not the last returns its hidden states `[b, s, h]`. With tied embeddings the last stage holds
 its own copy of the word embeddings, named and initialised as the first stage's; their gradients
@@ -23,6 +24,7 @@ from collections import OrderedDict
 import mindspore as ms
 from mindspore import nn, ops
 
+from rapidgpt.config.pipeline_split import pipeline_split_of
 from rapidgpt.config.transformer import TransformerConfig
 from rapidgpt.emulated_bf16 import RoundsToBf16
 from rapidgpt.models.norms import build_norm
@@ -32,7 +34,6 @@ from rapidgpt.parallel.cross_entropy import VocabParallelCrossEntropy, cross_ent
 from rapidgpt.parallel.layers import ColumnParallelLinear, ReplicatedEmbedding, VocabParallelEmbedding
 from rapidgpt.parallel.mappings import (CopyToTensorParallelRegion, GatherFromSequenceParallelRegion,
                                        GatherFromTensorParallelRegion, ScatterToSequenceParallelRegion)
-from rapidgpt.parallel.pipeline import stage_layer_range
 from rapidgpt.parallel.random import Dropout, graph_arange
 from rapidgpt.parallel.state import (get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
                                      get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size)
@@ -54,16 +55,18 @@ class LanguageModelStage(RoundsToBf16, nn.Cell):
     """What the built-in models (GPTModel, BertModel) share: `vocab_size` real rows of
     `padded_vocab_size`, and the part of the model this rank's pipeline stage holds:
     `pre_process` (the first stage: embeddings), `post_process` (the last: the heads; None: as this
-    rank's stage says), `stage_layers` (its layers' numbers)."""
+    rank's stage says), `stage_layers` (its layers' numbers); `vp_stage`: which of the rank's model
+    chunks this is under the interleaved schedule (None without it)."""
 
-    def __init__(self, config, vocab_size, padded_vocab_size, pre_process=None, post_process=None):
+    def __init__(self, config, vocab_size, padded_vocab_size, pre_process=None, post_process=None, vp_stage=None):
         super().__init__()
         if padded_vocab_size < vocab_size:
             raise ValueError(f"padded vocabulary {padded_vocab_size} smaller than vocabulary {vocab_size}")
-        pp_size, pp_rank = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
-        self.pre_process = pp_rank == 0 if pre_process is None else pre_process
-        self.post_process = pp_rank == pp_size - 1 if post_process is None else post_process
-        self.stage_layers = stage_layer_range(config.num_layers, pp_size, pp_rank)
+        pp_rank, chunk = get_pipeline_model_parallel_rank(), vp_stage or 0
+        split = pipeline_split_of(config, get_pipeline_model_parallel_world_size(), vp_stage)
+        self.pre_process = split.holds_embedding(pp_rank, chunk) if pre_process is None else pre_process
+        self.post_process = split.holds_loss(pp_rank, chunk) if post_process is None else post_process
+        self.stage_layers = split.layer_range(pp_rank, chunk)
         self.config = config
         self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
         self.input_tensor = None
@@ -76,8 +79,8 @@ class LanguageModelStage(RoundsToBf16, nn.Cell):
 
 class GPTModel(LanguageModelStage):
     def __init__(self, config, vocab_size, padded_vocab_size, untie_embeddings_and_output_weights=False,
-                 pre_process=None, post_process=None):
-        super().__init__(config, vocab_size, padded_vocab_size, pre_process, post_process)
+                 pre_process=None, post_process=None, vp_stage=None):
+        super().__init__(config, vocab_size, padded_vocab_size, pre_process, post_process, vp_stage)
         h, std = config.hidden_size, config.init_method_std
         self.untied = untie_embeddings_and_output_weights
         if self.pre_process or (self.post_process and not self.untied):
@@ -239,8 +242,9 @@ def padded_vocab_size_of(args, vocab_size):
     return padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by, get_tensor_model_parallel_world_size())
 
 
-def build_gpt_model(args, vocab_size, pre_process=None, post_process=None):
+def build_gpt_model(args, vocab_size, pre_process=None, post_process=None, vp_stage=None):
     """The built-in GPT from the model flags (`vocab_size`: the tokenizer's or --vocab-size); this
-    rank's pipeline stage unless `pre_process`/`post_process` say otherwise."""
+    rank's pipeline stage (its model chunk `vp_stage`) unless `pre_process`/`post_process` say
+    otherwise."""
     return GPTModel(TransformerConfig.from_args(args), vocab_size, padded_vocab_size_of(args, vocab_size),
-                    args.untie_embeddings_and_output_weights, pre_process, post_process)
+                    args.untie_embeddings_and_output_weights, pre_process, post_process, vp_stage)

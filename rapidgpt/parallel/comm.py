@@ -24,6 +24,7 @@ import os
 import mindspore as ms
 from mindspore import nn, ops
 
+from rapidgpt.errors import UserError
 from rapidgpt.mindspore_private import isend_irecv
 from rapidgpt.msrun_env import launched_by_msrun
 
@@ -76,21 +77,24 @@ def _world_group():
     return GlobalComm.WORLD_COMM_GROUP
 
 
-def new_group(ranks):
+def new_group(ranks, purpose=None):
     """The communication group of `ranks` (global ranks, in group-rank order) for this process,
-    created on first use; every member must ask for it. None for a group of one."""
+    created on first use; every member must ask for it. None for a group of one. A `purpose`
+    gives the same ranks a group of their own (messages on one group arrive in the order they
+    were sent, whatever their tag: measured on the CPU backend)."""
     ranks = tuple(ranks)
     if len(ranks) == 1:
         return None
-    if ranks not in _STATE["groups"]:
+    key = ranks if purpose is None else (ranks, purpose)
+    if key not in _STATE["groups"]:
         from mindspore.communication import create_group, get_group_size
-        if len(ranks) == get_group_size() and ranks == tuple(range(len(ranks))):
+        if purpose is None and len(ranks) == get_group_size() and ranks == tuple(range(len(ranks))):
             name = _world_group()
         else:
-            name = "rapidgpt_" + "_".join(map(str, ranks))
+            name = "rapidgpt_" + "_".join(map(str, ranks)) + ("" if purpose is None else "_" + purpose)
             create_group(name, list(ranks))
-        _STATE["groups"][ranks] = Group(name, ranks)
-    return _STATE["groups"][ranks]
+        _STATE["groups"][key] = Group(name, ranks)
+    return _STATE["groups"][key]
 
 
 class Group:
@@ -258,6 +262,47 @@ class PairExchange:
         for handle in [call()[1] for call in calls]:
             handle.wait()
         return buffer
+
+
+class InterleavedScheduleError(UserError, ValueError):
+    pass
+
+
+class AsyncPair:
+    """Asynchronous point-to-point between the two ranks of a 2-rank group (the interleaved
+    pipeline schedule's links, rapidgpt/parallel/pipeline.py RingLinks), host-side only.
+
+    `send(x)` posts the send and returns at once (MindSpore's isend: measured on the CPU backend,
+    a send completes without its receiver, and messages arrive in the order sent); `receive(like)`
+    waits for the next message, shaped and typed like `like`; `finish()` waits for every posted
+    send, whose tensors are kept until then. Needs MindSpore's isend/irecv (CPU and Ascend): a
+    blocking emulation could deadlock on the schedule's ring.
+    """
+
+    def __init__(self, group):
+        if group_size(group) != 2:
+            raise ValueError(f"a point-to-point link needs a group of two ranks, got {group}")
+        if not _STATE["native_p2p"]:
+            raise InterleavedScheduleError("the interleaved pipeline schedule needs MindSpore's asynchronous isend/irecv, "
+                             "which MindSpore 2.10 has on Ascend and CPU only; on GPU drop "
+                             "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank")
+        self.group, self.peer = group.name, 1 - group.rank
+        self.pending = []
+
+    def send(self, x):
+        isend, _ = isend_irecv()
+        self.pending.append((x, isend(x, self.peer, self.group, 0)[1]))
+
+    def receive(self, like):
+        _, irecv = isend_irecv()
+        buffer = ops.zeros_like(like)
+        irecv(buffer, 0, self.peer, self.group)[1].wait()
+        return buffer
+
+    def finish(self):
+        for _, handle in self.pending:
+            handle.wait()
+        self.pending = []
 
 
 def sum_over_ranks(number, group=None):

@@ -75,11 +75,20 @@ class ParallelState:
         nxt = ranks[pp_rank:pp_rank + 2] if pp_rank < len(ranks) - 1 else None
         return prev, nxt
 
+    def pipeline_wrap_pair(self, rank=None):
+        """The last and first stages of `rank`'s pipeline (in rank order), which the interleaved
+        schedule's ring joins (the last stage's chunk v feeds the first stage's chunk v + 1); None
+        for a rank between them or without pipeline stages."""
+        ranks = self.pipeline_parallel_ranks(rank)
+        rank = self.rank if rank is None else rank
+        return sorted({ranks[0], ranks[-1]}) if len(ranks) > 1 and rank in (ranks[0], ranks[-1]) else None
+
 
 _STATE = ParallelState()
 # This rank's communication groups (rapidgpt.parallel.comm.Group, None for a group of one),
 # created once by the engine from the layout above.
-_GROUP_NAMES = ("tensor", "data", "pipeline", "model", "embedding", "pipeline_prev", "pipeline_next")
+_GROUP_NAMES = ("tensor", "data", "pipeline", "model", "embedding", "pipeline_prev", "pipeline_next",
+                "pipeline_wrap")
 _GROUPS = dict.fromkeys(_GROUP_NAMES)
 
 
@@ -116,9 +125,14 @@ def get_embedding_group():
     return _GROUPS["embedding"]
 
 
-def get_pipeline_neighbour_groups():
-    """(the 2-rank group with the previous stage, with the next stage), None at the ends."""
-    return _GROUPS["pipeline_prev"], _GROUPS["pipeline_next"]
+def get_pipeline_neighbour_groups(ring=False):
+    """(the 2-rank group with the previous stage, with the next stage), None at the ends; with
+    `ring` (the interleaved schedule) the first and last stages' group closes the ring instead."""
+    prev, nxt = _GROUPS["pipeline_prev"], _GROUPS["pipeline_next"]
+    if ring:
+        first, last = is_pipeline_first_stage(), is_pipeline_last_stage()
+        prev, nxt = (_GROUPS["pipeline_wrap"] if first else prev), (_GROUPS["pipeline_wrap"] if last else nxt)
+    return prev, nxt
 
 
 def get_tensor_model_parallel_world_size():

@@ -64,8 +64,8 @@ class GPTPretrainer(Pretrainer):
             split=args.split, train_data_path=args.train_data_path,
             valid_data_path=args.valid_data_path, test_data_path=args.test_data_path, mock=mock_corpus(args))
 
-    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
-        return build_gpt_model(self.args, vocab_size(self.args), pre_process, post_process), None, None
+    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True, vp_stage=None):
+        return build_gpt_model(self.args, vocab_size(self.args), pre_process, post_process, vp_stage), None, None
 
     def run_forward_step(self, data_iterator, model):
         batch = next_batch(data_iterator)
@@ -90,8 +90,9 @@ class BertPretrainer(Pretrainer):
             split=args.split, train_data_path=args.train_data_path,
             valid_data_path=args.valid_data_path, test_data_path=args.test_data_path)
 
-    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
-        return build_bert_model(self.args, vocab_size(self.args), pre_process, post_process), None, None
+    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True, vp_stage=None):
+        return (build_bert_model(self.args, vocab_size(self.args), pre_process, post_process, vp_stage=vp_stage),
+                None, None)
 
     def run_forward_step(self, data_iterator, model):
         batch = next_batch(data_iterator)

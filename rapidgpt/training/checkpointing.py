@@ -19,6 +19,7 @@ import mindspore as ms
 import numpy as np
 
 from rapidgpt import __version__
+from rapidgpt.config.pipeline_split import run_stage_layers, same_stage_layers
 from rapidgpt.msrun_env import launched_by_msrun, passed_on_signal
 from rapidgpt.parallel.comm import sum_over_ranks
 from rapidgpt.parallel.fully_sharded import whole_parameters
@@ -142,7 +143,8 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
             "padded_vocab_size": getattr(model, "padded_vocab_size", None),
             "parallel": {"tensor_model_parallel_size": state.tensor_model_parallel_size,
                          "pipeline_model_parallel_size": state.pipeline_model_parallel_size,
-                         "world_size": state.world_size},
+                         "world_size": state.world_size,
+                         **({"stage_layers": run_stage_layers(args)} if run_stage_layers(args) else {})},
             "versions": {"rapidgpt": __version__, "mindspore": ms.__version__},
             "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, list, type(None)))},
             **(extra_metadata or {})})
@@ -200,9 +202,10 @@ class _RankCheckpoint:
     piece. A checkpoint saved at another tensor-parallel size is resharded on the fly (every saved
     TP rank's folder is read; see rapidgpt.parallel.resharding); one saved at another pipeline size
     is read from every saved stage, each tensor from the first stage that holds it (names are
-    global, and the tied embeddings' copy on the last stage equals the first stage's)."""
+    global, and the tied embeddings' copy on the last stage equals the first stage's); so is one
+    whose stages hold other layers than this run's (`stage_layers`, the run's; None: even)."""
 
-    def __init__(self, path, tp_rank=None, tp_size=None, pp_rank=None, pp_size=None):
+    def __init__(self, path, tp_rank=None, tp_size=None, pp_rank=None, pp_size=None, stage_layers=None):
         state = get_parallel_state()
         pp_rank = state.coordinates()[2] if pp_rank is None else pp_rank
         pp_size = state.pipeline_model_parallel_size if pp_size is None else pp_size
@@ -213,10 +216,15 @@ class _RankCheckpoint:
         saved_pp = saved.get("pipeline_model_parallel_size", 1)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.tp_resharded = saved_tp != tp_size
-        stages = [pp_rank] if saved_pp == pp_size else list(range(saved_pp))
+        num_layers = read_metadata(path).get("model", {}).get("num_layers")
+        same_split = saved_pp == pp_size and same_stage_layers(saved.get("stage_layers"), stage_layers, num_layers,
+                                                               pp_size)
+        stages = [pp_rank] if same_split else list(range(saved_pp))
         ranks = range(saved_tp) if self.tp_resharded else [tp_rank]
         changes = ([f"tensor-parallel size {saved_tp}, resharded to {tp_size}"] if self.tp_resharded else []) + \
-                  ([f"pipeline size {saved_pp} read as {pp_size}"] if saved_pp != pp_size else [])
+                  ([f"pipeline size {saved_pp} read as {pp_size}"] if saved_pp != pp_size else []) + \
+                  (["other layers per pipeline stage, read from every stage"]
+                   if saved_pp == pp_size and not same_split else [])
         self.where = f"{path} (saved at {', '.join(changes)})" if changes else \
             os.path.join(path, rank_dir_name(tp_rank, pp_rank, saved_pp))
         self.resharded = bool(changes)          # for the log
@@ -323,7 +331,7 @@ def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
     which takes the weights only (as does a call without an optimizer, e.g. for generation). Must run before the first compiled step (graphs do not see
     `set_data` made after they ran).
     """
-    checkpoint = _RankCheckpoint(find_checkpoint(args.load, logger))
+    checkpoint = _RankCheckpoint(find_checkpoint(args.load, logger), stage_layers=run_stage_layers(args))
     meta = checkpoint.meta
     finetune = args.finetune or optimizer is None
     load_optimizer = not (finetune or args.no_load_optim) and meta["has_optimizer"]
@@ -379,7 +387,7 @@ class PretrainedLoad(NamedTuple):
     unused: list
 
 
-def load_pretrained_weights(path, model, logger=None, optimizer=None):
+def load_pretrained_weights(path, model, logger=None, optimizer=None, stage_layers=None):
     """Model weights only (no optimizer, scheduler, iteration or RNG) from the checkpoint under
     `path` (--pretrained-checkpoint; `latest` or an `iter_*` directory, as for --load).
 
@@ -388,14 +396,15 @@ def load_pretrained_weights(path, model, logger=None, optimizer=None):
     checkpoint lacks (a new head) keep their fresh initialisation; both they and the unused
     checkpoint tensors are logged. A shape that differs is an error. Must run before the first
     compiled step. With the run's `optimizer` wrapper, 16-bit runs load into the fp32 main
-    parameters (then cast into the model's).
+    parameters (then cast into the model's). `stage_layers`: the run's layers per pipeline stage
+    (rapidgpt/config/pipeline_split.py; None: an even split).
     """
     if os.path.isfile(os.path.join(path, "config.json")):
         directory = path
         checkpoint = _HuggingFaceWeights(path, model, logger)
     else:
         directory = find_checkpoint(path, logger, flag="--pretrained-checkpoint")
-        checkpoint = _RankCheckpoint(directory)
+        checkpoint = _RankCheckpoint(directory, stage_layers=stage_layers)
     checkpoint_names = checkpoint.meta.get("model_parameters") or sorted(checkpoint.names())
     params = _named_parameters(model, optimizer, False)
     prefix = checkpoint.prefix = _prefix_of(params, set(checkpoint_names))

@@ -38,10 +38,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
+from rapidgpt.config.pipeline_split import check_interleaved_micro_batches
 from rapidgpt.global_vars import get_timers
 from rapidgpt.mindspore_private import autograd_recording, backward_of, synchronize
 from rapidgpt.parallel import comm
-from rapidgpt.parallel.pipeline import StageLinks, forward_only, one_f_one_b
+from rapidgpt.parallel.comm import InterleavedScheduleError
+from rapidgpt.parallel.pipeline import (ModelChunks, RingLinks, StageLinks, forward_only, interleaved_forward_only,
+                                       interleaved_one_f_one_b, one_f_one_b)
 from rapidgpt.parallel.random import set_dropout_key
 from rapidgpt.parallel.state import (get_data_parallel_rank, get_data_parallel_world_size,
                                      get_embedding_group, get_pipeline_model_parallel_group,
@@ -72,38 +75,43 @@ def _backward(output, output_grad, inputs):
 
 
 class StageForward:
-    """One micro-batch through this stage: the forward hook's output, or on the last stage its
-    `(loss, stats)` in fp32. `input_tensor` (stages after the first) reaches the model through
-    set_input_tensor."""
+    """One micro-batch through one of this stage's model chunks (the only one without the
+    interleaved schedule): the forward hook's output, or on the chunk that ends the model
+    (`loss_chunk`; None on other stages) its `(loss, stats)` in fp32. `input_tensor` (all but
+    the model's first chunk) reaches the model through set_input_tensor."""
 
-    def __init__(self, forward, model, last, per_token=False):
-        self.forward, self.model, self.last, self.per_token = forward, model, last, per_token
+    def __init__(self, forward, model, loss_chunk, per_token=False):
+        self.forward, self.model, self.loss_chunk, self.per_token = forward, model, loss_chunk, per_token
 
-    def __call__(self, micro_batch, input_tensor=None):
+    def __call__(self, micro_batch, input_tensor=None, chunk=0):
+        if isinstance(self.model, ModelChunks):
+            self.model.select(chunk)
         if input_tensor is not None:
             self.model.set_input_tensor(input_tensor)
         output = self.forward(micro_batch)
-        if self.last:
+        if chunk == self.loss_chunk:
             return loss_and_stats(output, self.per_token)
         return stage_output(output)
 
 
-def warm_up(run_forward, micro_batch, first, last, like, wrt=None):
-    """Compile this stage's pieces without its neighbours: micro-batch 0's forward on a zero
-    input (stages after the first; `like`: the activations' shape and dtype) and, with `wrt`
-    (training), its backward, results dropped; then a barrier of all ranks (see the module
-    docstring). No state changes: no gradient is accumulated and the caller sets the dropout key
-    and input tensor again before each real forward."""
-    received = None if first else ops.zeros_like(like)
-    if wrt is None:
-        run_forward(micro_batch, received)
-    else:
+def warm_up(run_forward, micro_batch, chunks, like, training):
+    """Compile this stage's pieces without its neighbours: micro-batch 0's forward through each of
+    `chunks` (`(chunk, takes tokens, computes the loss, its parameters)`; a chunk that does not
+    take tokens gets a zero input, `like` the activations' shape and dtype) and, `training`, its
+    backward, results dropped; then a barrier of all ranks (see the module docstring). No state
+    changes: no gradient is accumulated and the caller sets the dropout key and input tensor
+    again before each real forward."""
+    for chunk, first, last, params in chunks:
+        received = None if first else ops.zeros_like(like)
+        if not training:
+            run_forward(micro_batch, received, chunk)
+            continue
         if received is not None:
             received.requires_grad_()
         with autograd_recording():
-            output = run_forward(micro_batch, received)
+            output = run_forward(micro_batch, received, chunk)
             output = output[0] if last else output
-        _backward(output, ops.ones_like(output), wrt if first else tuple(wrt) + (received,))
+        _backward(output, ops.ones_like(output), params if first else tuple(params) + (received,))
     synchronize()
     comm.barrier()
 
@@ -145,24 +153,42 @@ class StatNames:
 
 
 class ForwardBackwardPipelining:
-    """Megatron's forward_backward_pipelining_without_interleaving for this rank's stage.
+    """Megatron's forward_backward_pipelining_without_interleaving for this rank's stage, or with
+    `virtual_size` V > 1 model chunks (a ModelChunks model) its _with_interleaving
+    (rapidgpt/parallel/pipeline.py gives both orders; `group_size`: the interleaved schedule's
+    micro-batch group).
 
     `schedule(stacked, iteration, loss_scale) -> (mean loss of the step, {name: mean statistic},
     grads)` on every stage (the last stage's loss and statistics), grads in `params` order, summed over the micro-batches (each micro-batch's
     loss multiplied by loss_scale / (m * dp), as without pipelining), then over the data-parallel
     ranks and, for the tied word embeddings, over the embedding group (first + last stage); with a
     `gradient_layout` (ZeRO-2) the embedding group first, then reduce-scattered into its pieces.
+    Each chunk's backwards run in micro-batch order, so its gradients are summed in the order of
+    the single-process step.
     """
 
     def __init__(self, forward, model, params, num_micro_batches, activation_shape, activation_dtype,
-                 accumulate_in_fp32=True, gradient_layout=None, per_token=False):
+                 accumulate_in_fp32=True, gradient_layout=None, per_token=False, virtual_size=1, group_size=None):
         self.pp_size, self.stage = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
         self.first, self.last = self.stage == 0, self.stage == self.pp_size - 1
+        self.virtual_size, self.group_size = virtual_size, group_size or self.pp_size
         self.params = tuple(params)
         self.m = num_micro_batches
         self.per_token = per_token
-        self.run_forward = StageForward(forward, model, self.last, per_token)
-        self.links = StageLinks(*get_pipeline_neighbour_groups(), activation_shape, activation_dtype)
+        self.token_chunk = 0 if self.first else None                    # the chunk that embeds the tokens
+        self.loss_chunk = virtual_size - 1 if self.last else None       # the chunk that computes the loss
+        self.run_forward = StageForward(forward, model, self.loss_chunk, per_token)
+        # Each chunk's parameters, as positions in `params` (one chunk: all of them).
+        position = {id(p): k for k, p in enumerate(self.params)}
+        self.chunk_positions = ([[position[id(p)] for p in chunk.get_parameters() if id(p) in position]
+                                 for chunk in model.chunks] if virtual_size > 1 else [list(range(len(self.params)))])
+        orphans = sorted(set(range(len(self.params))) - {k for chunk in self.chunk_positions for k in chunk})
+        if orphans:
+            raise InterleavedScheduleError(
+                f"the optimizer updates {', '.join(self.params[k].name for k in orphans[:3])}, which no model chunk "
+                f"holds; under the interleaved schedule every trained parameter must be one of a chunk's")
+        links = RingLinks if virtual_size > 1 else StageLinks
+        self.links = links(*get_pipeline_neighbour_groups(ring=virtual_size > 1), activation_shape, activation_dtype)
         self.cast_to_fp32 = casts_to_fp32(self.params, accumulate_in_fp32)
         self.round_bf16 = rounds_to_bf16(self.params, accumulate_in_fp32)
         self.dp_size, self.dp_rank = get_data_parallel_world_size(), get_data_parallel_rank()
@@ -174,6 +200,19 @@ class ForwardBackwardPipelining:
         self.timers = get_timers()
         self.warmed_up = False
 
+    def chunk_params(self, chunk):
+        return tuple(self.params[k] for k in self.chunk_positions[chunk])
+
+    def actions(self):
+        """This stage's schedule as `(kind, (chunk, micro-batch))` (combined kinds: a pair of them)."""
+        if self.virtual_size > 1:
+            message = check_interleaved_micro_batches(self.pp_size, self.group_size, self.m)
+            if message:
+                raise InterleavedScheduleError(message)
+            return interleaved_one_f_one_b(self.pp_size, self.stage, self.virtual_size, self.m, self.group_size)
+        return [(kind, ((0, index[0]), (0, index[1])) if isinstance(index, tuple) else (0, index))
+                for kind, index in one_f_one_b(self.pp_size, self.stage, self.m)]
+
     def __call__(self, stacked, iteration, loss_scale):
         m, dp = self.m, self.dp_size
         multiplier = Tensor(loss_multiplier(loss_scale, m, dp, self.per_token), ms.float32)
@@ -181,66 +220,77 @@ class ForwardBackwardPipelining:
         batches = [select_micro_batch(stacked, i) for i in range(m)]
         if not self.warmed_up:
             set_dropout_key(keys[0])
-            warm_up(self.run_forward, batches[0], self.first, self.last, self.links.like, self.params)
+            warm_up(self.run_forward, batches[0], [(c, c == self.token_chunk, c == self.loss_chunk,
+                                                     self.chunk_params(c)) for c in range(self.virtual_size)],
+                    self.links.like, training=True)
             self.warmed_up = True
         inputs, outputs, output_grads, input_grads = {}, {}, {}, {}
-        grads, total, stats, names = None, None, None, []
+        chunk_grads = [None] * self.virtual_size
+        total, stats, names = None, None, []
 
-        def forward_step(i):
+        def forward_step(key):
             nonlocal total, stats, names
+            chunk, i = key
             set_dropout_key(keys[i])
             with autograd_recording():
-                if self.first:
-                    output = self.run_forward(batches[i])
+                if chunk == self.token_chunk:
+                    output = self.run_forward(batches[i], None, chunk)
                 else:
-                    inputs[i].requires_grad_()
-                    output = self.run_forward(batches[i], inputs[i])
-                if self.last:
+                    inputs[key].requires_grad_()
+                    output = self.run_forward(batches[i], inputs[key], chunk)
+                if chunk == self.loss_chunk:
                     output, tokens, micro_stats = output
                     total = output if total is None else total + output
                     values = tuple(ops.stop_gradient(v) for v in micro_stats.values())
                     stats = add_stats(stats, values if tokens is None else (ops.stop_gradient(tokens),) + values)
                     names = list(micro_stats)
                     output = output * multiplier
-            outputs[i] = output             # held (with what its backward needs) until its backward
+            outputs[key] = output           # held (with what its backward needs) until its backward
 
-        def backward_step(j):
-            nonlocal grads
+        def backward_step(key):
+            chunk, i = key
             # Recompute reruns dropout in the backward, which reads the key: set it as in the forward
             # (without, selective recompute in a pipeline changed the grad norm in the 4th digit).
-            set_dropout_key(keys[j])
-            output = outputs.pop(j)
-            seed = ops.ones_like(output) if self.last else output_grads.pop(j)
-            wrt = self.params if self.first else self.params + (inputs.pop(j),)
-            micro_grads = _backward(output, seed, wrt)
-            if not self.first:
-                input_grads[j], micro_grads = micro_grads[-1], micro_grads[:-1]
-            grads = accumulate(grads, micro_grads, self.cast_to_fp32, self.round_bf16)
+            set_dropout_key(keys[i])
+            output = outputs.pop(key)
+            seed = ops.ones_like(output) if chunk == self.loss_chunk else output_grads.pop(key)
+            params = self.chunk_params(chunk)
+            takes_tokens = chunk == self.token_chunk
+            micro_grads = _backward(output, seed, params if takes_tokens else params + (inputs.pop(key),))
+            if not takes_tokens:
+                input_grads[key], micro_grads = micro_grads[-1], micro_grads[:-1]
+            chunk_grads[chunk] = accumulate(chunk_grads[chunk], micro_grads, self.cast_to_fp32, self.round_bf16)
 
-        for kind, index in one_f_one_b(self.pp_size, self.stage, m):
+        for kind, key in self.actions():
             timer = self.timers(TIMER_OF.get(kind, "pipeline-p2p"), log_level=2)
             timer.start()
             if kind == "recv_forward":
-                inputs[index] = self.links.recv_forward()
+                inputs[key] = self.links.recv_forward()
             elif kind == "forward":
-                forward_step(index)
+                forward_step(key)
             elif kind == "send_forward":
-                self.links.send_forward(ops.stop_gradient(outputs[index]))
+                self.links.send_forward(ops.stop_gradient(outputs[key]))
             elif kind == "send_forward_recv_backward":
-                sent, received = index
+                sent, received = key
                 output_grads[received] = self.links.send_forward_recv_backward(ops.stop_gradient(outputs[sent]))
             elif kind == "recv_backward":
-                output_grads[index] = self.links.recv_backward()
+                output_grads[key] = self.links.recv_backward()
             elif kind == "backward":
-                backward_step(index)
+                backward_step(key)
             elif kind == "send_backward":
-                self.links.send_backward(input_grads.pop(index))
+                self.links.send_backward(input_grads.pop(key))
             else:                           # send_backward_recv_forward
-                sent, received = index
+                sent, received = key
                 inputs[received] = self.links.send_backward_recv_forward(input_grads.pop(sent))
             if self.timers.measuring(2):    # count asynchronous work in the action that queued it
                 synchronize()
             timer.stop()
+        self.links.finish()
+        grads = [None] * len(self.params)
+        for positions, summed in zip(self.chunk_positions, chunk_grads):
+            for k, grad in zip(positions, summed or ()):
+                grads[k] = grad
+        grads = tuple(grads)
         names = self.stat_names.learn(names)
         loss = self.stat_names.stacked(ops.stop_gradient(total) if self.last else None, stats, int(self.per_token))
         if not self.per_token:      # per-token: sums, divided by the step's tokens below
@@ -272,15 +322,16 @@ class ForwardBackwardPipelining:
 
 
 class PipelineTrainStep:
-    """`step(stacked, lr, iteration) -> StepResult` with pipeline parallelism: the 1F1B schedule,
-    then the compiled optimizer wrapper (norm and overflow over TP x PP; every rank under ZeRO-2)."""
+    """`step(stacked, lr, iteration) -> StepResult` with pipeline parallelism: the 1F1B schedule
+    (interleaved with `virtual_size` > 1), then the compiled optimizer wrapper (norm and overflow
+    over TP x PP; every rank under ZeRO-2)."""
 
     def __init__(self, forward, model, optimizer, num_micro_batches, activation_shape, accumulate_in_fp32=True,
-                 jit=True, per_token=False):
+                 jit=True, per_token=False, virtual_size=1, group_size=None):
         dtype = optimizer.parameters[0].dtype
         self.schedule = ForwardBackwardPipelining(forward, model, optimizer.parameters, num_micro_batches,
                                                   activation_shape, dtype, accumulate_in_fp32,
-                                                  optimizer.gradient_layout, per_token)
+                                                  optimizer.gradient_layout, per_token, virtual_size, group_size)
         self.gradient_bytes = self.schedule.finalize_dp.gradient_bytes
         self.optimizer = optimizer
         self._update = ms.jit(optimizer.construct) if jit else optimizer
@@ -299,31 +350,38 @@ class PipelineTrainStep:
 
 class PipelineEvalStep:
     """`step(micro_batch) -> (loss, {name: statistic}, tokens)` on every stage: forward only, the
-    loss computed on the last stage (as EvalStep's: sums and their tokens with `per_token`)."""
+    loss computed on the last stage (as EvalStep's: sums and their tokens with `per_token`);
+    through each model chunk in turn with `virtual_size` > 1."""
 
-    def __init__(self, forward, model, activation_shape, dtype, per_token=False):
+    def __init__(self, forward, model, activation_shape, dtype, per_token=False, virtual_size=1):
         pp_size, stage = get_pipeline_model_parallel_world_size(), get_pipeline_model_parallel_rank()
         self.first, self.last = stage == 0, stage == pp_size - 1
+        self.virtual_size = virtual_size
         self.per_token = per_token
-        self.run_forward = StageForward(forward, model, self.last, per_token)
-        self.links = StageLinks(*get_pipeline_neighbour_groups(), activation_shape, dtype)
+        self.run_forward = StageForward(forward, model, virtual_size - 1 if self.last else None, per_token)
+        links = RingLinks if virtual_size > 1 else StageLinks
+        self.links = links(*get_pipeline_neighbour_groups(ring=virtual_size > 1), activation_shape, dtype)
         self.pipeline_sum = comm.AllReduce(get_pipeline_model_parallel_group())
         self.stat_names = StatNames(self.last)
-        self.actions = forward_only(pp_size, stage, 1)
+        self.actions = (interleaved_forward_only(pp_size, stage, virtual_size) if virtual_size > 1
+                        else [(kind, (0, i)) for kind, i in forward_only(pp_size, stage, 1)])
         self.warmed_up = False
 
     def __call__(self, micro_batch):
         if not self.warmed_up:
-            warm_up(self.run_forward, micro_batch, self.first, self.last, self.links.like)
+            warm_up(self.run_forward, micro_batch, [(c, self.first and c == 0, self.last and c == self.virtual_size - 1,
+                                                     ()) for c in range(self.virtual_size)],
+                    self.links.like, training=False)
             self.warmed_up = True
         received, output = None, None
-        for kind, _ in self.actions:
+        for kind, (chunk, _) in self.actions:
             if kind == "recv_forward":
                 received = self.links.recv_forward()
             elif kind == "forward":
-                output = self.run_forward(micro_batch) if self.first else self.run_forward(micro_batch, received)
+                output = self.run_forward(micro_batch, None if self.first and chunk == 0 else received, chunk)
             else:
                 self.links.send_forward(output)
+        self.links.finish()
         loss, tokens, stats = output if self.last else (None, None, {})
         names = self.stat_names.learn(stats)
         values = tuple(stats.values()) if tokens is None else (tokens,) + tuple(stats.values())

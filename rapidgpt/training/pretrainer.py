@@ -3,7 +3,7 @@
     class MyPretrainer(Pretrainer):
         def train_valid_test_datasets_provider(self, train_val_test_num_samples):
             return train_ds, valid_ds, test_ds                # map-style datasets
-        def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
+        def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True, vp_stage=None):
             return model, None, None                          # None: built from the flags
         def run_forward_step(self, data_iterator, model):
             batch = next_batch(data_iterator)                 # Megatron: next(data_iterator)
@@ -42,8 +42,8 @@ class Pretrainer(Trainer):
     def train_valid_test_datasets_provider(self, train_val_test_num_samples):
         raise NotImplementedError
 
-    @hook("(self, pre_process=True, post_process=True) -> (model, optimizer|None, lr_scheduler|None)")
-    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True):
+    @hook("(self, pre_process=True, post_process=True, vp_stage=None) -> (model, optimizer|None, lr_scheduler|None)")
+    def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True, vp_stage=None):
         raise NotImplementedError
 
     @hook("(self, data_iterator, model) -> loss, or (output, loss_fn) as Megatron")

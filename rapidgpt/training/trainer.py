@@ -14,6 +14,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from rapidgpt.config.compile_cache import StepGraphCache
+from rapidgpt.config.pipeline_split import run_stage_layers
 from rapidgpt.global_vars import get_args, get_logger, get_timers
 from rapidgpt.models.gpt import GPTModel
 from rapidgpt.optim import build_lr_scheduler, learning_rates
@@ -21,6 +22,7 @@ from rapidgpt.optim.distributed_optimizer import PIECE_PREFIX
 from rapidgpt.optim.mixed_precision import MAIN_PARAMS_PREFIX, wrap_optimizer
 from rapidgpt.parallel.comm import AllGather, barrier, sum_over_ranks
 from rapidgpt.parallel.layers import check_tensor_parallel_model
+from rapidgpt.parallel.pipeline import ModelChunks
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import (get_data_parallel_group, get_parallel_state, is_pipeline_first_stage,
                                      is_pipeline_last_stage)
@@ -95,15 +97,14 @@ class Trainer:
         optimizer and scheduler as returned."""
         self.timers("model-and-optimizer-setup").start()
         pipelined = get_parallel_state().pipeline_model_parallel_size > 1
-        if pipelined:           # Megatron's model_provider(pre_process, post_process) contract
-            provider_kwargs = dict(provider_kwargs, pre_process=is_pipeline_first_stage(),
-                                   post_process=is_pipeline_last_stage())
-        model, optimizer, scheduler = check_returned(
-            self.model_optimizer_lr_scheduler_provider(**provider_kwargs), "model_optimizer_lr_scheduler_provider",
-            ("model", "optimizer or None", "lr_scheduler or None"))
-        if not isinstance(model, nn.Cell):
-            raise HookContractError(f"model_optimizer_lr_scheduler_provider returned a {type(model).__name__} "
-                                    f"as the model; it must be a mindspore.nn.Cell")
+        split = getattr(self.args, "pipeline_split", None)
+        if split is not None and split.interleaved:
+            model, optimizer, scheduler = self._provide_model_chunks(split, provider_kwargs)
+        else:
+            if pipelined:           # Megatron's model_provider(pre_process, post_process) contract
+                provider_kwargs = dict(provider_kwargs, pre_process=is_pipeline_first_stage(),
+                                       post_process=is_pipeline_last_stage())
+            model, optimizer, scheduler = self._provide_model(provider_kwargs)
         if pipelined and not hasattr(model, "set_input_tensor"):
             raise HookContractError(
                 f"--pipeline-model-parallel-size: the {type(model).__name__} from model_optimizer_lr_scheduler_provider "
@@ -117,10 +118,46 @@ class Trainer:
         tp_rank, _, pp_rank = get_parallel_state().coordinates()
         self.logger.info(f" > number of parameters on (tensor, pipeline) model parallel rank "
                          f"({tp_rank}, {pp_rank}): {count}")
-        gpt = isinstance(model, GPTModel)
+        gpt = isinstance(model.chunks[0] if isinstance(model, ModelChunks) else model, GPTModel)
         self.logger.info(startup_line(self.args, model.vocab_size if gpt else None, count))
+        if pipelined and split is not None:
+            self.logger.info(f" > pipeline split: {split.describe()}")
         self.timers("model-and-optimizer-setup").stop()
         return model, optimizer, scheduler
+
+    def _provide_model(self, provider_kwargs):
+        model, optimizer, scheduler = check_returned(
+            self.model_optimizer_lr_scheduler_provider(**provider_kwargs), "model_optimizer_lr_scheduler_provider",
+            ("model", "optimizer or None", "lr_scheduler or None"))
+        if not isinstance(model, nn.Cell):
+            raise HookContractError(f"model_optimizer_lr_scheduler_provider returned a {type(model).__name__} "
+                                    f"as the model; it must be a mindspore.nn.Cell")
+        return model, optimizer, scheduler
+
+    def _provide_model_chunks(self, split, provider_kwargs):
+        """The interleaved schedule: Megatron's model_provider(pre_process, post_process, vp_stage)
+        called once per model chunk of this rank, the chunks held as one ModelChunks; the optimizer
+        is built from the flags over all of them, the scheduler is the first call's."""
+        pp_rank = get_parallel_state().coordinates()[2]
+        parameters = inspect.signature(self.model_optimizer_lr_scheduler_provider).parameters.values()
+        if not any(p.name == "vp_stage" or p.kind == p.VAR_KEYWORD for p in parameters):
+            raise HookContractError(
+                f"--num-virtual-stages-per-pipeline-rank {split.virtual_size}: the interleaved schedule builds "
+                f"{split.virtual_size} model chunks per rank, but model_optimizer_lr_scheduler_provider takes no "
+                f"vp_stage; add vp_stage=None and pass it to the model (rapidgpt.models.build_gpt_model does)")
+        chunks, scheduler = [], None
+        for vp_stage in range(split.virtual_size):
+            kwargs = dict(provider_kwargs, pre_process=split.holds_embedding(pp_rank, vp_stage),
+                          post_process=split.holds_loss(pp_rank, vp_stage), vp_stage=vp_stage)
+            chunk, optimizer, chunk_scheduler = self._provide_model(kwargs)
+            if optimizer is not None:
+                raise HookContractError(
+                    "model_optimizer_lr_scheduler_provider returned an optimizer, but under the interleaved "
+                    "schedule it builds one model chunk per call; return None as the optimizer and RapidGPT "
+                    "builds it from the flags over all chunks")
+            chunks.append(chunk)
+            scheduler = chunk_scheduler if vp_stage == 0 else scheduler
+        return ModelChunks(chunks), None, scheduler
 
     def build_model_optimizer_scheduler(self, **provider_kwargs):
         """The user's model/optimizer/scheduler (`build_model`); None optimizer or scheduler are
@@ -174,7 +211,8 @@ class Trainer:
             if self.args.load:
                 self.logger.info(f" no checkpoint under --load {self.args.load} yet: starting from "
                                  f"--pretrained-checkpoint")
-            load_pretrained_weights(self.args.pretrained_checkpoint, self.model, self.logger, self.optimizer)
+            load_pretrained_weights(self.args.pretrained_checkpoint, self.model, self.logger, self.optimizer,
+                                    run_stage_layers(self.args))
         if flag != "--load":
             return 0, 0
         iteration, consumed = load_checkpoint(self.args, self.model, self.optimizer, self.lr_scheduler,
@@ -280,8 +318,10 @@ class Trainer:
         args = self.args
         in_fp32 = args.precision.accumulate_allreduce_grads_in_fp32
         if args.pipeline_model_parallel_size > 1:
+            split = args.pipeline_split
             return PipelineTrainStep(forward, model, optimizer, n, self.activation_shape(), in_fp32, jit=args.jit,
-                                     per_token=args.calculate_per_token_loss)
+                                     per_token=args.calculate_per_token_loss, virtual_size=split.virtual_size,
+                                     group_size=split.microbatch_group_size)
         cache = (StepGraphCache(args, optimizer.parameters, get_parallel_state().rank)
                  if first and args.compile_cache_config.enabled else None)
         return TrainStep(forward, optimizer, n, in_fp32, jit=args.jit, compile_cache=cache,
@@ -318,7 +358,8 @@ class Trainer:
         forward hook (the `model` it runs is needed with pipeline stages)."""
         if self.args.pipeline_model_parallel_size > 1:
             return PipelineEvalStep(forward, model, self.activation_shape(),
-                                    getattr(ms, self.args.precision.storage_dtype), self.args.calculate_per_token_loss)
+                                    getattr(ms, self.args.precision.storage_dtype), self.args.calculate_per_token_loss,
+                                    self.args.pipeline_split.virtual_size)
         return EvalStep(forward, jit=self.args.jit, barrier=barrier if self.args.world_size > 1 else None,
                         per_token=self.args.calculate_per_token_loss)
 

@@ -21,7 +21,7 @@ demo: $(STAMP)
 		--eval-interval 100 --eval-iters 5 --log-interval 20 --top-k 8 --temperature 0.8
 
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=30 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_data.py

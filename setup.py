@@ -29,7 +29,7 @@ setup(
     ],
     extras_require={
         # torch: the Megatron-LM checkpoint tests (the CPU build 2.13.0 lies on the CI machines' disk).
-        "test": ["pytest", "sentencepiece", "tiktoken", "torch==2.13.0"],
+        "test": ["pytest", "pytest-xdist", "sentencepiece", "tiktoken", "torch==2.13.0"],
         # data_tools/convert_megatron.py reads Megatron-LM's torch checkpoints with it (not Megatron itself).
         "megatron": ["torch"],
         # --tokenizer-type GPTSentencePieceTokenizer / Llama2Tokenizer (a tokenizer.model file).

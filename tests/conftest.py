@@ -68,6 +68,33 @@ def llama_runs(env, tmp_path_factory, request):
     return _tiny_runs(env, tmp_path_factory, request, "LLAMA_RUNS")
 
 
+# The suite runs in two pytest-xdist workers (`make test`: -n 2 --dist loadgroup) on a 2-core
+# machine. Tests that start several processes (msrun jobs) run one after another in one worker, in
+# the group "ranks": two jobs at once would share the cores between up to 12 processes, and each
+# job's ranks would then compile at very different speeds. Every other test module is a group of
+# its own (its module fixtures are set up once, in one worker), and these modules run in the
+# second worker beside the jobs: one process each, about one core, the core a job leaves idle
+# (measured: a single-process module kept 0.92 cores busy, a module of 4-rank jobs 1.7 of 2).
+# Run without -n, the same tests run in one process, the jobs first.
+MULTI_PROCESS_FIXTURES = {"runs", "llama_runs", "pipeline_runs", "bert_runs", "mlp_runs", "job"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "ranks: the test starts an msrun job of its own (several processes)")
+
+
+def pytest_collection_modifyitems(config, items):
+    ranks = [item for item in items
+             if MULTI_PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("ranks")]
+    chosen = set(ranks)
+    others = [item for item in items if item not in chosen]
+    for item in ranks:
+        item.add_marker(pytest.mark.xdist_group("ranks"))
+    for item in others:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    items[:] = ranks + others           # the longest group first: the worker that takes it starts at once
+
+
 _MODULE_SECONDS = {}
 
 
@@ -81,6 +108,7 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     if not _MODULE_SECONDS:
         return
+    # With -n 2 two workers run tests at once: the sum is more than the wall time (pytest's last line).
     terminalreporter.section("time per test module")
     for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:8.1f} s  {module}")

@@ -143,6 +143,7 @@ def test_a_second_start_loads_the_step_and_trains_exactly_as_the_first(env, tmp_
 
 
 
+@pytest.mark.ranks
 def test_a_second_start_of_a_two_rank_run_loads_each_ranks_step(env, tmp_path):
     """On ranks msrun started (MindSpore names their cached graphs by role, MS_WORKER...), at TP=2:
     the second start loads both ranks' steps and prints exactly what the first printed. Each rank

@@ -184,6 +184,7 @@ def assert_same_weights(tensors, reference, vocab_size):
         np.testing.assert_allclose(ours, expected, rtol=0, atol=atol, err_msg=name)
 
 
+@pytest.mark.ranks
 def test_collectives_on_subgroups_match_numpy(env, tmp_path):
     status, log = msrun(4, ["tests/distributed/comm_worker.py"], tmp_path, env)
     assert status == 0 and "rank 0: comm ok" in log, log[-3000:]
@@ -328,6 +329,7 @@ def test_any_model_gets_data_parallelism_and_tensor_parallelism_needs_its_layers
     assert "--tensor-model-parallel-size 2: the model (SequentialCell) has no tensor-parallel layers" in log
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("target", ["launcher", "rank 1"])
 def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path, target):
     """Stopping a TP=2 job. Ctrl-C (SIGINT) to the launcher: it passes the same signal on to every
@@ -377,6 +379,7 @@ def test_a_missing_tensor_parallel_piece_makes_the_checkpoint_incomplete(runs, t
     assert find_checkpoint(str(load)) == str(load / "iter_0000006")
 
 
+@pytest.mark.ranks
 def test_finetuner_user_script_on_tp2_x_dp2_reproduces_the_single_process_run(env, tmp_path):
     code = ("from rapidgpt.data.demo_corpus import demo_corpus; p = demo_corpus(); "
             "print(p['vocab_file']); print(p['merge_file'])")

@@ -241,6 +241,7 @@ def test_user_script_custom_loop(env, demo):
     assert losses[-1] < losses[0] - 0.5, out
 
 
+@pytest.mark.ranks
 def test_custom_loop_on_two_ranks_with_zero_3_is_the_single_process_loop(env, demo, tmp_path):
     """engine.compose under msrun with ZeRO-3 (parameters, gradients and Adam state sharded over
     DP=2; ZeRO-1/2 go through the same wrap_optimizer as the trainers' and are tested there). The

@@ -81,8 +81,12 @@ MULTI_PROCESS_FIXTURES = {"runs", "llama_runs", "pipeline_runs", "bert_runs", "m
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "ranks: the test starts an msrun job of its own (several processes)")
+    if config.getoption("dist", "no") == "loadgroup" and pytest.version_tuple >= (9, 2):
+        raise pytest.UsageError("pytest >= 9.2 breaks pytest-xdist's --dist loadgroup (every msrun job could "
+                                "run twice, at once): pip install 'pytest<9.2' (setup.py's test extra)")
 
 
+@pytest.hookimpl(tryfirst=True)            # before xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     ranks = [item for item in items
              if MULTI_PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("ranks")]

@@ -237,6 +237,9 @@ def _checkpoint_args(parser):
                    help="the weights files: MindSpore's .ckpt or .safetensors")
     g.add_argument("--keep-last-n-checkpoints", type=int, default=None,
                    help="delete older checkpoints once a newer one is complete")
+    g.add_argument("--save-retain-interval", type=int, default=None, metavar="N",
+                   help="Megatron's: keep the checkpoints of iterations that are multiples of N (a multiple of "
+                        "--save-interval) and the latest; each completed save deletes the one before it otherwise")
     g.add_argument("--skip-train", action="store_true", help="with --load: only evaluate")
     g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler",
                    dest="override_opt_param_scheduler", action="store_true",
@@ -716,6 +719,11 @@ def _check_checkpointing(args, check, world_size):
     for name in ("exit_interval", "exit_duration_in_mins", "keep_last_n_checkpoints"):
         value = getattr(args, name)
         check.require(value is None or value > 0, f"{_flag(name)}: must be positive, got {value}")
+    retain = args.save_retain_interval
+    check.require(retain is None or (args.save and args.save_interval and retain > 0
+                                     and retain % args.save_interval == 0),
+                  f"--save-retain-interval: {retain} must be a positive multiple of --save-interval "
+                  f"({args.save_interval}), with --save DIR")
     check.require(not (args.skip_train and not args.load),
                   "--skip-train: evaluates a checkpoint; give --load DIR")
     check.require(not (args.finetune and not args.load), "--finetune: loads weights; give --load DIR")

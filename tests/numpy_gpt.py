@@ -1,4 +1,6 @@
 """A float64 numpy GPT (GPT-2's math) used as the reference for RapidGPT's forward."""
+import math
+
 import numpy as np
 
 
@@ -12,7 +14,11 @@ def _gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def numpy_gpt_logits(params, tokens, heads, eps=1e-5):
+ACTIVATIONS = {"gelu_new": _gelu_tanh, "gelu": lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / np.sqrt(2))),
+               "relu2": lambda x: np.maximum(x, 0) ** 2}          # HF GPT-2's activation_function names
+
+
+def numpy_gpt_logits(params, tokens, heads, eps=1e-5, activation="gelu_new"):
     """GPT forward in float64 numpy from the RapidGPT parameter dict (names as in the model):
     logits over every (padded) row of the output weight, which is `output_layer.weight` when
     present (untied), else the word embeddings."""
@@ -34,7 +40,7 @@ def numpy_gpt_logits(params, tokens, heads, eps=1e-5):
         context = (probs @ vh).transpose(0, 2, 1, 3).reshape(b, s, -1)
         x = x + context @ q("self_attention.dense.weight").T + q("self_attention.dense.bias")
         h = _layernorm(x, q("post_attention_layernorm.gamma"), q("post_attention_layernorm.beta"), eps)
-        h = _gelu_tanh(h @ q("mlp.dense_h_to_4h.weight").T + q("mlp.dense_h_to_4h.bias"))
+        h = ACTIVATIONS[activation](h @ q("mlp.dense_h_to_4h.weight").T + q("mlp.dense_h_to_4h.bias"))
         x = x + h @ q("mlp.dense_4h_to_h.weight").T + q("mlp.dense_4h_to_h.bias")
     x = _layernorm(x, p["final_layernorm.gamma"], p["final_layernorm.beta"], eps)
     return x @ p.get("output_layer.weight", p["word_embeddings.weight"]).T

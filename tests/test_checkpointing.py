@@ -77,6 +77,28 @@ def test_layout_metadata_and_pruning(tmp_path, capsys):
     assert (save / "iter_0000006" / "mp_rank_00" / "model_optim_rng.safetensors").is_file()
 
 
+def test_save_retain_interval_keeps_its_multiples_and_the_latest(tmp_path, capsys, monkeypatch):
+    """Megatron's --save-retain-interval: each completed save deletes the checkpoint before it
+    unless that one's iteration is a multiple of the interval."""
+    import rapidgpt.training.checkpointing as checkpointing
+    from rapidgpt.arguments import validate_args
+    save, after_each_save = tmp_path / "ckpt", []
+    prune = checkpointing.prune_checkpoints
+
+    def prune_and_list(*args, **kwargs):
+        prune(*args, **kwargs)
+        after_each_save.append(sorted(int(p.name[5:]) for p in save.iterdir() if p.name.startswith("iter_")))
+    monkeypatch.setattr(checkpointing, "prune_checkpoints", prune_and_list)
+    run(capsys, "--train-iters", "7", "--save", str(save), "--save-interval", "1", "--save-retain-interval", "3")
+    assert after_each_save == [[1], [2], [3], [3, 4], [3, 5], [3, 6], [3, 6, 7]]
+    for flags in (["--save-interval", "2", "--save-retain-interval", "3"], ["--save-retain-interval", "2"]):
+        with pytest.raises(ArgumentError) as error:
+            validate_args(build_parser().parse_args([*TINY[2:], "--train-iters", "1", "--save", str(tmp_path / "b"),
+                                                     *flags]))
+        assert any("--save-retain-interval: " in p and "must be a positive multiple of --save-interval" in p
+                   for p in error.value.problems), error.value.problems
+
+
 def test_checkpoint_args_are_used_and_contradictions_refused(trained):
     save = str(trained)
     parser = build_parser()

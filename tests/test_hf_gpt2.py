@@ -80,6 +80,24 @@ def test_numpy_gpt2_on_the_converted_weights(converted, expected):
     np.testing.assert_array_equal(model(Tensor(ids), positions).asnumpy(), model(Tensor(ids)).asnumpy())
 
 
+@pytest.mark.parametrize("activation", ["gelu", "relu2"])
+def test_other_activations_load_compute_and_export_as_named(tmp_path, activation):
+    """A GPT-2 folder with the exact GELU (RapidGPT's --no-bias-gelu-fusion) or the squared ReLU
+    (--squared-relu): the model computes that activation (the numpy GPT with it), its checkpoint
+    records the flag, and --to-hf writes the same activation_function back."""
+    hf_in = _broken_copy(tmp_path / "hf_in", config_changes={"activation_function": activation})
+    ckpt, hf_out = tmp_path / "rapidgpt", tmp_path / "hf_out"
+    assert convert.main(["--hf-dir", str(hf_in), "--save", str(ckpt)]) == 0
+    ids = np.random.default_rng(4).integers(0, 300, (2, 16)).astype(np.int32)
+    for source in (hf_in, ckpt):
+        model = rapidgpt.load_pretrained(str(source))
+        reference = numpy_gpt_logits(params_of(model), ids, heads=4, activation=activation)[..., :300]
+        np.testing.assert_allclose(model(Tensor(ids)).asnumpy(), reference, rtol=0, atol=1e-5, err_msg=str(source))
+    assert model.config.activation == {"gelu": "gelu", "relu2": "squared_relu"}[activation]
+    assert convert.main(["--to-hf", "--load", str(ckpt), "--hf-dir", str(hf_out)]) == 0
+    assert json.loads((hf_out / "config.json").read_text())["activation_function"] == activation
+
+
 # ---- round trips ------------------------------------------------------------------------------
 
 def _untied_hf_folder(folder):
@@ -211,8 +229,8 @@ def _broken_copy(folder, config_changes=None, drop=None, extra_file=None, remove
     (dict(extra_file=("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")),
      "not a readable safetensors file"),
     (dict(config_changes={"model_type": "llama"}), "model_type 'llama' is not 'gpt2'"),
-    (dict(config_changes={"activation_function": "gelu"}),
-     "activation_function='gelu' is not supported (RapidGPT's GPT uses the tanh GELU, gelu_new)"),
+    (dict(config_changes={"activation_function": "silu"}),
+     "activation_function='silu' is not supported (RapidGPT's GPT computes gelu_new, gelu_pytorch_tanh, gelu, relu2)"),
     (dict(config_changes={"scale_attn_by_inverse_layer_idx": True}), "scale_attn_by_inverse_layer_idx=True"),
     (dict(config_changes={"scale_attn_weights": False}), "scale_attn_weights=False"),
     (dict(config_changes={"add_cross_attention": True}), "add_cross_attention=True"),

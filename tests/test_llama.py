@@ -24,6 +24,8 @@ KINDS = {
              "--apply-layernorm-1p", "--group-query-attention", "--num-query-groups", "3"],
     # Megatron's fp16 device: the same function (its fp16 behaviour: tests/test_mixed_precision.py)
     "qk-layer-scaling": [*LLAMA, "--apply-query-key-layer-scaling"],
+    # Nemotron's MLP: relu(x)^2, not gated, with the GPT's learned positions and biases
+    "squared-relu": ["--squared-relu", "--normalization", "RMSNorm"],
 }
 BASE = ["--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40",
         "--seq-length", "24", "--max-position-embeddings", "128", "--vocab-size", "100",
@@ -138,6 +140,8 @@ def ref_logits(p, tokens, positions, flags, vocab, rnd=exact):
         if "--swiglu" in flags:
             gate, up = linear(a, fc1[0]), linear(a, fc1[1])
             hidden = rnd(gate / (1 + np.exp(-gate)) * up)
+        elif "--squared-relu" in flags:
+            hidden = rnd(np.maximum(linear(a, fc1, p.get(pre + "mlp.dense_h_to_4h.bias")), 0) ** 2)
         else:
             u = linear(a, fc1, p[pre + "mlp.dense_h_to_4h.bias"])
             hidden = rnd(0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3))))
@@ -362,6 +366,7 @@ def test_llama_fp16_on_tp2_x_dp2_follows_the_single_process_fp16_run(llama_runs)
     (("--num-query-groups", "4", "--group-query-attention"), "--num-query-groups: 4 must divide --num-attention-heads 6"),
     (("--use-rope-scaling",), "--use-rope-scaling: scales rotary embeddings; add --position-embedding-type rope"),
     (("--tensor-model-parallel-size", "2", "--zero-3-memory-optimization"), "--sequence-parallel: not with ZeRO-3"),
+    (("--squared-relu", "--swiglu"), "--squared-relu: not with --swiglu (the gated MLP's activation is SiLU)"),
 ])
 def test_architecture_flags_are_checked_with_one_line_each(flags, message):
     from rapidgpt.arguments import build_parser, validate_args

@@ -224,8 +224,8 @@ REFUSED = [
       "--rope-type", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim"), ()),
     ("sliding-window attention is not built (attention is causal over the whole sequence)",
      ("--window-size", "--window-attn-skip-freq"), ()),
-    ("this MLP activation is not built (GELU, or SwiGLU with --swiglu)",
-     ("--openai-gelu", "--squared-relu", "--quick-geglu", "--use-fused-weighted-squared-relu", "--glu-linear-offset",
+    ("this MLP activation is not built (GELU, --squared-relu, or SwiGLU with --swiglu)",
+     ("--openai-gelu", "--quick-geglu", "--use-fused-weighted-squared-relu", "--glu-linear-offset",
       "--activation-func-clamp-value"), ()),
     ("this attention variant is not built (softmax attention, with --qk-layernorm, --add-qkv-bias and "
      "--group-query-attention)",
@@ -258,9 +258,9 @@ REFUSED = [
     ("PyTorch's profiler and CUDA memory history are not built (see --profile)",
      ("--use-pytorch-profiler", "--pytorch-profiler-*", "--profile-ranks", "--record-memory-history",
       "--memory-snapshot-path"), ()),
-    ("this checkpoint schedule is not built (--save-interval, --keep-last-n-checkpoints)",
+    ("this checkpoint schedule is not built (--save-interval, --save-retain-interval, --keep-last-n-checkpoints)",
      ("--save-params-interval", "--save-activations-interval", "--save-tokens-per-expert-interval",
-      "--save-wgrads-interval", "--save-dgrads-interval", "--save-retain-interval", "--non-persistent-*",
+      "--save-wgrads-interval", "--save-dgrads-interval", "--non-persistent-*",
       "--replication", "--replication-*"), ()),
     ("loading a chosen checkpoint iteration is not built (--load reads the latest complete one; copy the "
      "iteration you want into a folder of its own)", ("--ckpt-step", "--override-ckpt-iteration"), ()),

@@ -29,7 +29,8 @@ NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 ARCHITECTURE_FLAGS = ("position_embedding_type", "rotary_base", "rotary_percent", "rotary_interleaved",
                       "use_rope_scaling", "rope_scaling_factor", "rope_scaling_low_freq_factor",
                       "rope_scaling_high_freq_factor", "rope_scaling_original_max_position_embeddings",
-                      "normalization", "apply_layernorm_1p", "swiglu", "group_query_attention", "num_query_groups",
+                      "normalization", "apply_layernorm_1p", "swiglu", "squared_relu", "group_query_attention",
+                      "num_query_groups",
                       "kv_channels",
                       "add_bias_linear", "add_qkv_bias", "qk_layernorm", "bias_gelu_fusion")
 
@@ -59,6 +60,8 @@ def add_architecture_args(parser):
                    help="norm weights stored centred on zero: the scale applied is 1 + weight")
     g.add_argument("--swiglu", action="store_true",
                    help="gated MLP: silu(x W_gate) * (x W_up), then the down projection")
+    g.add_argument("--squared-relu", action="store_true",
+                   help="MLP activation relu(x)^2 (Nemotron's), instead of GELU; not gated, not with --swiglu")
     g.add_argument("--group-query-attention", action="store_true",
                    help="grouped-query attention: --num-query-groups key/value heads shared by the query heads")
     g.add_argument("--num-query-groups", type=int, default=None)
@@ -107,6 +110,8 @@ def check_architecture_args(args, check):
     if heads > 0:
         check.require(args.num_query_groups > 0 and heads % args.num_query_groups == 0,
                       f"--num-query-groups: {args.num_query_groups} must divide --num-attention-heads {heads}")
+    check.require(not (args.squared_relu and args.swiglu),
+                  "--squared-relu: not with --swiglu (the gated MLP's activation is SiLU); give one of them")
     if args.ffn_hidden_size is None:
         args.ffn_hidden_size = int(4 * args.hidden_size * 2 / 3 / 64) * 64 if args.swiglu else 4 * args.hidden_size
     if args.sequence_parallel:
@@ -177,7 +182,7 @@ class TransformerConfig:
     sequence_parallel: bool = False
     # GPT's; BERT (rapidgpt/models/bert.py) sets bidirectional attention and the exact GELU.
     causal: bool = True
-    activation: str = "gelu_tanh"
+    activation: str = "gelu_tanh"         # of the MLP without --swiglu: gelu_tanh, gelu (exact) or squared_relu
     # Which layers each pipeline stage builds (rapidgpt/config/pipeline_split.py); None: evenly.
     pipeline_split: object = None
 
@@ -194,7 +199,8 @@ class TransformerConfig:
         # Megatron-core's MLP (GELU, not gated): the fused bias-GELU kernel is the tanh approximation,
         # and it is used only with --bias-gelu-fusion and biases; otherwise torch's exact F.gelu.
         fused = getattr(args, "bias_gelu_fusion", True) and config.add_bias_linear
-        return dataclasses.replace(config, activation="gelu_tanh" if fused else "gelu")
+        activation = "squared_relu" if getattr(args, "squared_relu", False) else "gelu_tanh" if fused else "gelu"
+        return dataclasses.replace(config, activation=activation)
 
     @property
     def output_init_std(self):

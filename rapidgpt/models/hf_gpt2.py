@@ -41,8 +41,12 @@ from rapidgpt.models.hf_files import (CONFIG, ConfigChecks, check_tensor_shapes,
 
 TOKENIZER_FILES = {"vocab_file": "vocab.json", "merge_file": "merges.txt"}
 EOD_TOKEN = "<|endoftext|>"
-# HF's names for the tanh approximation of GELU; `gelu` (exact erf) is a different function.
-TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
+# HF's activation_function names of the MLP activations the built-in GPT computes, and the RapidGPT
+# flags that select each: the tanh GELU (`gelu_new`, `gelu_pytorch_tanh`: GPT-2's), the exact erf
+# GELU (`gelu`: --no-bias-gelu-fusion) and the squared ReLU (`relu2`: --squared-relu).
+ACTIVATION_FLAGS = {"gelu_new": {}, "gelu_pytorch_tanh": {}, "gelu": {"bias_gelu_fusion": False},
+                    "relu2": {"squared_relu": True}}
+HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "squared_relu": "relu2"}      # TransformerConfig's
 
 # Per-layer tensors: HF name under h.{i}., RapidGPT name under layers.{i}., layout change.
 _LAYER_TENSORS = (
@@ -85,8 +89,8 @@ def flags_from_hf_config(config, where=CONFIG):
     checks = ConfigChecks(config, where, "gpt2", "GPT-2")
     refuse = checks.refuse
     activation = config.get("activation_function", "gelu_new")
-    if activation not in TANH_GELU:
-        refuse("activation_function", activation, "RapidGPT's GPT uses the tanh GELU, gelu_new")
+    if activation not in ACTIVATION_FLAGS:
+        refuse("activation_function", activation, f"RapidGPT's GPT computes {', '.join(ACTIVATION_FLAGS)}")
     if not config.get("scale_attn_weights", True):
         refuse("scale_attn_weights", False, "RapidGPT always scales attention scores by 1/sqrt(head_dim)")
     if config.get("scale_attn_by_inverse_layer_idx", False):
@@ -107,7 +111,7 @@ def flags_from_hf_config(config, where=CONFIG):
             "untie_embeddings_and_output_weights": not config.get("tie_word_embeddings", True),
             "hidden_dropout": float(config.get("resid_pdrop", 0.1)),
             "attention_dropout": float(config.get("attn_pdrop", 0.1)),
-            "init_method_std": float(config.get("initializer_range", 0.02))}
+            "init_method_std": float(config.get("initializer_range", 0.02)), **ACTIVATION_FLAGS[activation]}
 
 
 def hf_folder_model_flags(hf_dir):
@@ -117,7 +121,8 @@ def hf_folder_model_flags(hf_dir):
     flags = flags_from_hf_config(*read_hf_config(hf_dir))
     model = {name: flags[name] for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                                             "max_position_embeddings", "seq_length", "vocab_size",
-                                            "layernorm_epsilon", "untie_embeddings_and_output_weights")}
+                                            "layernorm_epsilon", "untie_embeddings_and_output_weights",
+                                            "bias_gelu_fusion", "squared_relu") if name in flags}
     tokenizer = tokenizer_files(hf_dir)
     if tokenizer:
         model.update(tokenizer_type="GPT2BPETokenizer", **tokenizer)
@@ -132,7 +137,15 @@ def flags_of_model(model):
             "max_position_embeddings": c.max_position_embeddings, "seq_length": c.seq_length,
             "vocab_size": model.vocab_size, "layernorm_epsilon": c.layernorm_epsilon,
             "untie_embeddings_and_output_weights": model.untied, "hidden_dropout": c.hidden_dropout,
-            "attention_dropout": c.attention_dropout, "init_method_std": c.init_method_std}
+            "attention_dropout": c.attention_dropout, "init_method_std": c.init_method_std,
+            **ACTIVATION_FLAGS[HF_ACTIVATION[c.activation]]}
+
+
+def hf_activation(flags):
+    """HF's activation_function for RapidGPT model flags (the inverse of ACTIVATION_FLAGS)."""
+    if flags.get("squared_relu", False):
+        return "relu2"
+    return "gelu_new" if flags.get("bias_gelu_fusion", True) else "gelu"
 
 
 def hf_config_from_flags(flags, eod_id=None):
@@ -142,7 +155,7 @@ def hf_config_from_flags(flags, eod_id=None):
             "vocab_size": flags["vocab_size"], "n_positions": flags["max_position_embeddings"],
             "n_embd": hidden, "n_layer": flags["num_layers"], "n_head": flags["num_attention_heads"],
             "n_inner": None if flags["ffn_hidden_size"] == 4 * hidden else flags["ffn_hidden_size"],
-            "activation_function": "gelu_new", "layer_norm_epsilon": flags["layernorm_epsilon"],
+            "activation_function": hf_activation(flags), "layer_norm_epsilon": flags["layernorm_epsilon"],
             "resid_pdrop": flags["hidden_dropout"], "embd_pdrop": flags["hidden_dropout"],
             "attn_pdrop": flags["attention_dropout"], "initializer_range": flags["init_method_std"],
             "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,

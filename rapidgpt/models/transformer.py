@@ -22,8 +22,8 @@ projection np * hn -> h. Dropout is rapidgpt.parallel.random.Dropout: its masks 
 and do not depend on the TP layout.
 
 MLP: ColumnParallelLinear h -> ffn, tanh-GELU (GPT-2's `gelu_new`, Megatron's fused bias-GELU;
-exact GELU for BERT, and as Megatron with --no-bias-gelu-fusion or --disable-bias-linear),
-RowParallelLinear ffn -> h; with --swiglu the up projection holds two stacked matrices `[2, ffn,
+exact GELU for BERT, and as Megatron with --no-bias-gelu-fusion or --disable-bias-linear; relu(x)^2
+with --squared-relu), RowParallelLinear ffn -> h; with --swiglu the up projection holds two stacked matrices `[2, ffn,
 h]` (gate, then up; split together over TP) and the MLP is `down(silu(x W_gate) * (x W_up))`.
 Output projections use Megatron's scaled init std / sqrt(2 * num_layers). --disable-bias-linear
 drops the linear layers' biases (--add-qkv-bias keeps the q/k/v one).
@@ -212,7 +212,8 @@ class ParallelAttention(RoundsToBf16, nn.Cell):
 
 
 class ParallelMLP(RoundsToBf16, nn.Cell):
-    """`[b, s, h]` -> `[b, s, h]`: GELU MLP, or SwiGLU with --swiglu (module docstring)."""
+    """`[b, s, h]` -> `[b, s, h]`: GELU MLP, squared-ReLU with --squared-relu, or SwiGLU with --swiglu
+    (module docstring)."""
 
     def __init__(self, config):
         super().__init__()
@@ -224,13 +225,17 @@ class ParallelMLP(RoundsToBf16, nn.Cell):
         self.dense_4h_to_h = RowParallelLinear(config.ffn_hidden_size, config.hidden_size,
                                                bias=config.add_bias_linear, init_std=config.output_init_std,
                                                sequence_parallel=config.sequence_parallel)
-        self.approximate = {"gelu_tanh": "tanh", "gelu": "none"}[config.activation]
+        self.squared_relu = config.activation == "squared_relu"
+        self.approximate = {"gelu_tanh": "tanh", "gelu": "none", "squared_relu": None}[config.activation]
 
     def construct(self, x):
         h = self.dense_h_to_4h(x)
         if self.swiglu:
             gate, up = ops.split(h, h.shape[-1] // 2, axis=-1)
             return self.dense_4h_to_h(self.rounded(ops.silu(gate) * up))
+        if self.squared_relu:
+            r = ops.relu(h)
+            return self.dense_4h_to_h(self.rounded(r * r))
         return self.dense_4h_to_h(self.rounded(ops.gelu(h, approximate=self.approximate)))
 
 

@@ -182,13 +182,19 @@ def publish_checkpoint(save, tmp, iteration):
     fsync_path(save)
 
 
-def prune_checkpoints(save, keep_last_n, keep):
-    """Delete all but the newest `keep_last_n` complete checkpoints (never `keep`, the latest)."""
-    if not keep_last_n:
+def prune_checkpoints(save, keep_last_n, keep, retain_interval=None):
+    """After checkpoint `keep` (the latest) is complete: delete all but the newest `keep_last_n`
+    complete checkpoints; with `retain_interval` (--save-retain-interval), Megatron's rule: the
+    checkpoint saved before `keep` goes unless its iteration is a multiple of the interval."""
+    if not keep_last_n and not retain_interval:
         return
-    for iteration in complete_iterations(save)[:-keep_last_n]:
-        if iteration != keep:
-            shutil.rmtree(iteration_dir(save, iteration), ignore_errors=True)
+    complete = complete_iterations(save)
+    doomed = set(complete[:-keep_last_n]) if keep_last_n else set()
+    previous = [iteration for iteration in complete if iteration < keep]
+    if retain_interval and previous and previous[-1] % retain_interval:
+        doomed.add(previous[-1])
+    for iteration in sorted(doomed - {keep}):
+        shutil.rmtree(iteration_dir(save, iteration), ignore_errors=True)
 
 
 def save_dir_problem(save):

@@ -170,7 +170,8 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
                 raise error                   # a bug rather than the disk: keep its traceback
             raise _save_failed(save, iteration, error)
     if state.rank == 0:
-        prune_checkpoints(save, keep_last_n or args.keep_last_n_checkpoints, keep=iteration)
+        prune_checkpoints(save, keep_last_n or args.keep_last_n_checkpoints, keep=iteration,
+                          retain_interval=None if keep_last_n else getattr(args, "save_retain_interval", None))
     return iteration_dir(save, iteration)
 
 

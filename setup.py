@@ -38,6 +38,8 @@ setup(
         "sentencepiece": ["sentencepiece"],
         # --tokenizer-type TikTokenizer (a tiktoken vocabulary .json).
         "tiktoken": ["tiktoken"],
+        # --wandb-project (Weights & Biases logging).
+        "wandb": ["wandb"],
         # Only benchmarks/bench_pretrain.py's PyTorch eager side; never imported by rapidgpt.
         "bench": ["torch==2.13.0"],
     },

@@ -26,6 +26,7 @@ from rapidgpt.config.kernel_fusion import add_kernel_fusion_args, check_kernel_f
 from rapidgpt.config.megatron_flags import add_megatron_flags, check_megatron_flags
 from rapidgpt.config.precision import add_precision_args, check_precision_args
 from rapidgpt.config.transformer import add_architecture_args, check_architecture_args
+from rapidgpt.config.wandb_logging import add_wandb_args, check_wandb_args
 from rapidgpt.config.recompute import add_recompute_args, check_recompute_args
 from rapidgpt.config.pipeline_split import (add_pipeline_split_args, check_interleaved_batch,
                                             check_pipeline_split_args, pipeline_split_from_args)
@@ -325,7 +326,7 @@ def build_parser(extra_args_provider=None, megatron_flags=True):
                 _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
                 add_zero_args, add_replica_check_args, add_kernel_fusion_args, add_compile_cache_args,
                 add_implementation_choice_args,
-                _launcher_args, _rapidformer_args, add_pipeline_split_args):
+                _launcher_args, _rapidformer_args, add_pipeline_split_args, add_wandb_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -462,6 +463,7 @@ def validate_args(args, world_size=1, check=None):
     check_kernel_fusion_args(args, check)
     check_compile_cache_args(args, check)
     check_implementation_choice_args(args, check)
+    check_wandb_args(args, check)
     check_megatron_flags(args, check)
     args.task = task
     if own:

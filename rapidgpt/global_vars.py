@@ -12,6 +12,8 @@ _TOKENIZER = None
 _TIMERS = None
 _LOGGER = None
 _TENSORBOARD_WRITER = None
+_WANDB_RUN = None
+_SCALAR_WRITER = None
 _RANK = 0
 
 
@@ -42,6 +44,25 @@ def get_logger():
 def get_tensorboard_writer():
     """tensorboardX SummaryWriter under --tensorboard-dir (None without the flag or off rank 0)."""
     return _TENSORBOARD_WRITER
+
+
+def get_scalar_writer():
+    """What RapidGPT logs its scalars to: `add_scalar(tag, value, step)` on the --tensorboard-dir
+    writer and the --wandb-project run at once (None without either, or off rank 0)."""
+    return _SCALAR_WRITER
+
+
+class _ScalarWriters:
+    def __init__(self, writers):
+        self.writers = writers
+
+    def add_scalar(self, tag, value, step):
+        for writer in self.writers:
+            writer.add_scalar(tag, value, step)
+
+    def close(self):
+        for writer in self.writers:
+            writer.close()
 
 
 class Timer:
@@ -166,7 +187,7 @@ def _build_logger(log_dir, rank):
 
 
 def set_global_variables(args, tokenizer, rank=0):
-    global _ARGS, _TOKENIZER, _TIMERS, _LOGGER, _TENSORBOARD_WRITER, _RANK
+    global _ARGS, _TOKENIZER, _TIMERS, _LOGGER, _TENSORBOARD_WRITER, _WANDB_RUN, _SCALAR_WRITER, _RANK
     _ARGS, _TOKENIZER, _RANK = args, tokenizer, rank
     _TIMERS = Timers(getattr(args, "timing_log_level", 0), getattr(args, "timing_log_option", "minmax"))
     _LOGGER = _build_logger(args.log_dir, rank)
@@ -174,3 +195,11 @@ def set_global_variables(args, tokenizer, rank=0):
     if args.tensorboard_dir and rank == 0:
         from tensorboardX import SummaryWriter
         _TENSORBOARD_WRITER = SummaryWriter(log_dir=args.tensorboard_dir)
+    if _WANDB_RUN is not None:           # the previous run's, in this process
+        _WANDB_RUN.finish()
+    _WANDB_RUN = None
+    if getattr(args, "wandb_project", None) and rank == 0:
+        from rapidgpt.config.wandb_logging import open_wandb_run
+        _WANDB_RUN = open_wandb_run(args)
+    writers = [writer for writer in (_TENSORBOARD_WRITER, _WANDB_RUN) if writer is not None]
+    _SCALAR_WRITER = _ScalarWriters(writers) if writers else None

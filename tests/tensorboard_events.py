@@ -24,13 +24,17 @@ def _events(path):
         at = start + length + 4
 
 
-def scalars(folder, tag):
-    """{step: value} of scalar `tag` over every event file under `folder` (a resumed run adds a
-    file; a later file's value for a step wins, as TensorBoard shows it)."""
+def all_scalars(folder):
+    """{tag: {step: value}} of every scalar over every event file under `folder` (a resumed run
+    adds a file; a later file's value for a step wins, as TensorBoard shows it)."""
     found = {}
     for path in sorted(Path(folder).rglob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime):
         for event in _events(path):
             for value in event.summary.value:
-                if value.tag == tag:
-                    found[event.step] = value.simple_value
+                found.setdefault(value.tag, {})[event.step] = value.simple_value
     return found
+
+
+def scalars(folder, tag):
+    """{step: value} of scalar `tag` (see all_scalars)."""
+    return all_scalars(folder).get(tag, {})

@@ -70,7 +70,8 @@ KEPT_GRAPHS = 64
 HOST_SIDE_FLAGS = frozenset({
     "train_iters", "train_samples", "save", "save_interval", "load", "exit_interval", "exit_duration_in_mins",
     "log_interval", "eval_interval", "eval_iters", "tensorboard_dir", "tensorboard_log_interval", "log_dir",
-    "no_progress_bar", "timing_log_level", "timing_log_option"})
+    "no_progress_bar", "timing_log_level", "timing_log_option", "save_retain_interval", "wandb_project", "wandb_exp_name",
+    "wandb_save_dir", "wandb_entity"})
 # Shared with the kernel cache (see the module docstring).
 KERNEL_ENTRIES = (("akg_kernel_meta", True), ("kernel_build_tmp.key", False))
 

@@ -192,7 +192,6 @@ REFUSED = [
     ("ADLR autoresume is not built; resume with --load", (), ("autoresume",)),
     ("NVIDIA's one-logger is not built; use --tensorboard-dir", (), ("one logger",)),
     ("OpenTelemetry tracing is not built; use --tensorboard-dir", (), ("opentelemetry",)),
-    ("Weights & Biases logging is not built; use --tensorboard-dir", ("--wandb-*",), ()),
     ("the Multi-Storage Client (object storage) is not built: give local paths",
      ("--object-storage-cache-path",), ("msc",)),
     ("Megatron-FSDP and FSDP2's options are not built; --zero-3-memory-optimization (or --use-torch-fsdp2) shards "

@@ -6,7 +6,7 @@ import sys
 from tqdm import tqdm
 
 from rapidgpt.device import memory_in_use
-from rapidgpt.global_vars import get_logger, get_tensorboard_writer, get_timers, is_console_rank
+from rapidgpt.global_vars import get_logger, get_scalar_writer, get_timers, is_console_rank
 
 # The training loop's timers (rapidgpt/training/trainer.py), shown by --timing-log-level 1 and
 # written by --log-timers-to-tensorboard.
@@ -56,10 +56,10 @@ def validation_lines(label, losses):
 
 
 def report_validation(label, iteration, losses):
-    """Megatron's validation block on the console/log, and TensorBoard scalars."""
+    """Megatron's validation block on the console/log, and TensorBoard (and W&B) scalars."""
     for line in validation_lines(label, losses):
         get_logger().info(line)
-    writer = get_tensorboard_writer()
+    writer = get_scalar_writer()
     if writer is not None:
         for name, value in losses.items():
             writer.add_scalar(f"{name} validation", value, iteration)
@@ -69,7 +69,7 @@ def report_validation(label, iteration, losses):
 def report_metrics(label, iteration, metrics, split="validation"):
     """A finetuning evaluation: `metrics` {name: float} on one line and in TensorBoard."""
     get_logger().info(f" {label} | " + " | ".join(f"{k}: {v:.6f}" for k, v in metrics.items()) + " |")
-    writer = get_tensorboard_writer()
+    writer = get_scalar_writer()
     if writer is not None:
         for name, value in metrics.items():
             writer.add_scalar(f"{split} {name}", value, iteration)
@@ -84,7 +84,7 @@ class Reporter:
         self.flops_per_sample = flops_per_sample
         self.timers = get_timers()
         self.train_iters = train_iters
-        self.writer = get_tensorboard_writer()
+        self.writer = get_scalar_writer()
         self.logger = get_logger()
         self.bar = tqdm(total=train_iters, initial=start_iteration, desc="training", unit="it",
                         disable=args.no_progress_bar or not is_console_rank(), file=sys.stderr,

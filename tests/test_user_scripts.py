@@ -293,7 +293,7 @@ def test_implementation_choices_are_accepted_with_one_line_each():
     args = parse_args(argv=["--train-iters", "1", "--use-mcore-models", "--transformer-impl", "transformer_engine",
                             "--attention-backend", "flash", "--cross-entropy-loss-fusion", "--manual-gc",
                             "--empty-unused-memory-level", "1", "--distributed-backend", "nccl",
-                            "--overlap-grad-reduce", "--overlap-param-gather", "--onnx-runtime-training",
+                            "--overlap-grad-reduce", "--overlap-param-gather", "--openai-gelu", "--onnx-runtime-training",
                             "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files", "--profile",
                             "--profile-step-start", "4", "--profile-step-end", "6", "--ckpt-format", "torch_dist",
                             "--context-parallel-size", "1"])

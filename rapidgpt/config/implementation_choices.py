@@ -51,6 +51,10 @@ CHOICES = {
         "(cudaProfilerStart/Stop); there is no such profiler hook on this backend, so nothing is recorded"),
     "--profile-step-start": (dict(type=int, default=10), "see --profile"),
     "--profile-step-end": (dict(type=int, default=12), "see --profile"),
+    "--openai-gelu": (
+        dict(action="store_true"),
+        "Megatron-core's models ignore it too (its arguments set no activation from it): the MLP's GELU is "
+        "the tanh form with --bias-gelu-fusion and biases, else the exact one, as here"),
     "--onnx-runtime-training": (
         dict(action="store_true"),
         "RapidGPT always compiles the training step (mindspore.jit), the role ONNX Runtime training plays in "

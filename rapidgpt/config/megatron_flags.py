@@ -224,7 +224,7 @@ REFUSED = [
     ("sliding-window attention is not built (attention is causal over the whole sequence)",
      ("--window-size", "--window-attn-skip-freq"), ()),
     ("this MLP activation is not built (GELU, --squared-relu, or SwiGLU with --swiglu)",
-     ("--openai-gelu", "--quick-geglu", "--use-fused-weighted-squared-relu", "--glu-linear-offset",
+     ("--quick-geglu", "--use-fused-weighted-squared-relu", "--glu-linear-offset",
       "--activation-func-clamp-value"), ()),
     ("this attention variant is not built (softmax attention, with --qk-layernorm, --add-qkv-bias and "
      "--group-query-attention)",

@@ -446,7 +446,7 @@ def test_progress_bar_shows_no_loss_for_a_skipped_iteration(monkeypatch):
     lines = []
     monkeypatch.setattr(reporting, "get_logger", lambda: SimpleNamespace(info=lines.append))
     monkeypatch.setattr(reporting, "get_timers", lambda: None)
-    monkeypatch.setattr(reporting, "get_tensorboard_writer", lambda: None)
+    monkeypatch.setattr(reporting, "get_scalar_writer", lambda: None)
     monkeypatch.setattr(reporting, "is_console_rank", lambda: True)
     args = SimpleNamespace(no_progress_bar=False, log_interval=2, tensorboard_log_interval=1, global_batch_size=8,
                            timing_log_level=0, log_timers_to_tensorboard=False, log_memory_to_tensorboard=False)
@@ -473,7 +473,7 @@ def test_timers_and_memory_go_to_tensorboard_as_megatron_writes_them(monkeypatch
     scalars, lines, timers = [], [], Timers(log_level=1)
     monkeypatch.setattr(reporting, "get_logger", lambda: SimpleNamespace(info=lines.append))
     monkeypatch.setattr(reporting, "get_timers", lambda: timers)
-    monkeypatch.setattr(reporting, "get_tensorboard_writer",
+    monkeypatch.setattr(reporting, "get_scalar_writer",
                         lambda: SimpleNamespace(add_scalar=lambda *scalar: scalars.append(scalar), close=lambda: None))
     monkeypatch.setattr(reporting, "is_console_rank", lambda: True)
     args = SimpleNamespace(no_progress_bar=True, log_interval=2, tensorboard_log_interval=4, global_batch_size=8,

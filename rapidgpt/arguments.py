@@ -456,9 +456,9 @@ def validate_args(args, world_size=1, check=None):
     check_batch_size_rampup_args(args, check)
     check_interleaved_batch(args, check)
     check_bert_args(args, check)
+    check_zero_args(args, check)            # before the precision flags: Megatron-FSDP's gradient dtypes set them
     check_precision_args(args, check)
     check_recompute_args(args, check)
-    check_zero_args(args, check)
     check_replica_check_args(args, check)
     check_kernel_fusion_args(args, check)
     check_compile_cache_args(args, check)

@@ -81,11 +81,10 @@ def test_values_of_refused_flags_that_ask_for_what_rapidgpt_does_are_accepted_wi
 
 
 def test_megatrons_other_checkpoint_formats_get_a_reason_not_a_choices_error(capsys):
-    for value in ("torch_dcp", "fsdp_dtensor"):
-        with pytest.raises(SystemExit):
-            parse_args(argv=BASE + ["--ckpt-format", value])
-        err = capsys.readouterr().err
-        assert f"--ckpt-format {value}: refused: " in err and "not one of the choices" not in err
+    with pytest.raises(SystemExit):
+        parse_args(argv=BASE + ["--ckpt-format", "torch_dcp"])
+    err = capsys.readouterr().err
+    assert "--ckpt-format torch_dcp: refused: " in err and "not one of the choices" not in err
 
 
 def test_recompute_num_layers_without_a_granularity_is_ignored_as_megatron_does():
@@ -96,8 +95,57 @@ def test_recompute_num_layers_without_a_granularity_is_ignored_as_megatron_does(
            "Megatron" in implementation_choice_lines(args)
 
 
-def test_use_torch_fsdp2_is_zero_stage_3():
-    assert parse_args(argv=BASE + ["--use-torch-fsdp2"]).zero.stage == 3
+FSDP = ["--use-megatron-fsdp", "--use-distributed-optimizer", "--ckpt-format", "fsdp_dtensor"]
+
+
+@pytest.mark.parametrize("argv, stage, fp32_grads, bf16_grads", [
+    (["--use-torch-fsdp2"], 3, True, False),
+    (FSDP, 3, True, False),                                    # an fp32 run: everything in fp32
+    (FSDP + ["--fp16"], 3, False, False),                      # auto: the model's fp16
+    (FSDP + ["--fp16", "--megatron-fsdp-main-grads-dtype", "fp32"], 3, True, False),
+    (FSDP + ["--bf16"], 3, False, True),                       # auto: the model's bf16 (Megatron's default is fp32)
+    (FSDP + ["--bf16", "--megatron-fsdp-main-grads-dtype", "fp32", "--megatron-fsdp-grad-comm-dtype", "fp32"],
+     3, True, False),
+    (FSDP + ["--data-parallel-sharding-strategy", "optim_grads"], 2, True, False),
+    (FSDP + ["--data-parallel-sharding-strategy", "optim"], 1, True, False),
+    (FSDP + ["--data-parallel-sharding-strategy", "no_shard"], 0, True, False)])
+def test_megatron_fsdp_is_the_zero_stage_of_its_sharding_strategy(argv, stage, fp32_grads, bf16_grads):
+    """Megatron-FSDP (v1, which implies --use-distributed-optimizer) shards what its strategy names,
+    the ZeRO stage that shards the same; its main-gradient dtype is the dtype the gradients are
+    summed and reduced in; its checkpoint format is RapidGPT's (layout-free) one, with a line."""
+    args = parse_args(argv=BASE + argv)
+    assert args.zero.stage == stage
+    assert (args.accumulate_allreduce_grads_in_fp32, args.grad_reduce_in_bf16) == (fp32_grads, bf16_grads)
+    if "fsdp_dtensor" in argv:
+        assert args.ckpt_format == "ckpt"
+        lines = implementation_choice_lines(args)
+        assert [line.split(":")[0] for line in lines] == [" > --ckpt-format fsdp_dtensor",
+                                                          " > --use-megatron-fsdp --data-parallel-sharding-strategy "
+                                                          + args.data_parallel_sharding_strategy]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (FSDP + ["--bf16", "--megatron-fsdp-grad-comm-dtype", "fp32"],
+     "--megatron-fsdp-main-grads-dtype: gradients summed in bf16 and reduced in fp32 in a bf16 run are not built"),
+    (FSDP + ["--fp16", "--megatron-fsdp-main-grads-dtype", "bf16"],
+     "--megatron-fsdp-main-grads-dtype: gradients summed in bf16 and reduced in bf16 in a fp16 run are not built"),
+    (FSDP + ["--bf16", "--megatron-fsdp-main-params-dtype", "auto"],
+     "--megatron-fsdp-main-params-dtype: bf16 main weights are not built"),
+    (FSDP + ["--zero-2-memory-optimization"], "--use-megatron-fsdp: --zero-2-memory-optimization also set a ZeRO stage"),
+    (FSDP + ["--fp16", "--accumulate-allreduce-grads-in-fp32"],
+     "--accumulate-allreduce-grads-in-fp32: Megatron-FSDP's gradients are fp16"),
+    (["--data-parallel-sharding-strategy", "optim"],
+     "--data-parallel-sharding-strategy: takes effect with --use-megatron-fsdp only"),
+    (FSDP + ["--nproc-per-node", "4", "--tensor-model-parallel-size", "2", "--sequence-parallel"],
+     "--sequence-parallel: not with ZeRO-3 (--use-megatron-fsdp)"),
+    (["--use-torch-fsdp2", "--nproc-per-node", "4", "--tensor-model-parallel-size", "2", "--sequence-parallel"],
+     "--sequence-parallel: not with ZeRO-3 (--use-torch-fsdp2)"),
+    (FSDP + ["--megatron-fsdp-version", "2"], "--megatron-fsdp-version: refused: this Megatron-FSDP / FSDP2 option")])
+def test_what_megatron_fsdp_asks_that_is_not_built_is_refused_in_one_line(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        parse_args(argv=BASE + argv)
+    err = capsys.readouterr().err
+    assert f"rapidgpt: error: {message}" in err, err
 
 
 def test_a_refused_flag_names_the_feature(capsys):

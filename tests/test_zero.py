@@ -28,6 +28,9 @@ ZERO1 = ("--zero-1-memory-optimization",)
 ZERO2 = ("--zero-2-memory-optimization",)
 ZERO3 = ("--zero-3-memory-optimization",)
 ZERO = {0: (), 1: ZERO1, 2: ZERO2, 3: ZERO3}
+# Megatron-FSDP's flags as its functional test gives them (its default strategy shards parameters,
+# gradients and optimizer state: ZeRO-3; its default gradient dtype is the model's).
+MEGATRON_FSDP = ("--use-megatron-fsdp", "--use-distributed-optimizer", "--ckpt-format", "fsdp_dtensor")
 PP2 = ("--pipeline-model-parallel-size", "2")
 FULL_RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
 RAPIDFORMER = (*PP2, *ZERO2, "--checkpoint-activations", "--mixed-precision", *FP16[1:],   # with TP=2, 8 ranks
@@ -39,7 +42,7 @@ NO_DECAY_RUNS = [(1, 1, *NO_DECAY), (2, 1, *ZERO1, *NO_DECAY), (2, 1, *ZERO1, *N
 TINY_RUNS = [(1, 1, *STATISTICS), (1, 1, *FP16), (1, 1, *FP16, "--accumulate-allreduce-grads-in-fp32"),
              *[(2, 1, *ZERO[stage], *STATISTICS) for stage in (1, 2, 3)], (4, 1, *ZERO2, *STATISTICS),
              (4, 2, *ZERO2, *STATISTICS), (4, 1, *PP2, *FULL_RECOMPUTE, *ZERO3, *STATISTICS),
-             (2, 1, *FP16, "--accumulate-allreduce-grads-in-fp32", *ZERO2), (4, 2, *FP16, *ZERO3), (8, 2, *RAPIDFORMER),
+             (2, 1, *FP16, "--accumulate-allreduce-grads-in-fp32", *ZERO2), (4, 2, *FP16, *MEGATRON_FSDP), (8, 2, *RAPIDFORMER),
              (4, 2, *STATISTICS), *NO_DECAY_RUNS]
 HELD = re.compile(r"model states held on this rank: weights (\d+) bytes, main parameters and optimizer state "
                   r"(\d+) bytes")
@@ -120,16 +123,20 @@ def assert_follows_the_fp16_run(found, log, reference, reference_log, overflows=
     assert_close_run(found, reference, 5e-3)
 
 
-@pytest.mark.parametrize("nproc, tp, stage, accumulation", [(2, 1, 2, ("--accumulate-allreduce-grads-in-fp32",)),
-                                                          (4, 2, 3, ())],
-                         ids=["zero2-fp32-grads", "zero3-tp2xdp2"])
-def test_fp16_zero_follows_the_single_process_fp16_run(runs, nproc, tp, stage, accumulation):
+@pytest.mark.parametrize("nproc, tp, zero, accumulation", [(2, 1, ZERO2, ("--accumulate-allreduce-grads-in-fp32",)),
+                                                         (4, 2, MEGATRON_FSDP, ())],
+                         ids=["zero2-fp32-grads", "megatron-fsdp-zero3-tp2xdp2"])
+def test_fp16_zero_follows_the_single_process_fp16_run(runs, nproc, tp, zero, accumulation):
     """ZeRO-2 reduce-scattering fp32-accumulated gradients (none overflow in these 12 iterations);
-    ZeRO-3 at TP=2 x DP=2, gathering fp16 weights and reduce-scattering fp16 gradients in each
-    micro-batch's backward (some overflow). (ZeRO-1 and ZeRO-2 with fp16 gradients and overflows:
-    Rapidformer's set below, whose ZeRO-2 at PP=2 also covers the pipeline's ZeRO-2 order.)"""
-    found, save, log = runs(nproc, tp, *FP16, *accumulation, *ZERO[stage])
+    ZeRO-3 at TP=2 x DP=2, asked for with Megatron-FSDP's flags, gathering fp16 weights and
+    reduce-scattering fp16 gradients in each micro-batch's backward (some overflow). (ZeRO-1 and
+    ZeRO-2 with fp16 gradients and overflows: Rapidformer's set below, whose ZeRO-2 at PP=2 also
+    covers the pipeline's ZeRO-2 order.)"""
+    found, save, log = runs(nproc, tp, *FP16, *accumulation, *zero)
     assert_layout(save, tp=tp, world_size=nproc)
+    assert f"ZeRO stage {3 if zero == MEGATRON_FSDP else 2}" in log
+    assert zero != MEGATRON_FSDP or (" > --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params: "
+                                     "ZeRO stage 3, gradients summed and reduced in fp16") in log
     assert_follows_the_fp16_run(found, log, *runs(1, 1, *FP16, *accumulation)[::2], overflows=not accumulation)
 
 
@@ -160,7 +167,7 @@ def test_a_checkpoint_resumes_across_zero_stages_and_data_parallel_sizes(runs, e
         assert_same_run(values(log, tensorboard_of(leg_save)), reference[19:])    # iterations 10..12, 2 validations
 
 
-@pytest.mark.parametrize("flags", [ZERO2 + STATISTICS, FP16 + ZERO3], ids=["zero2", "zero3-fp16"])
+@pytest.mark.parametrize("flags", [ZERO2 + STATISTICS, FP16 + MEGATRON_FSDP], ids=["zero2", "zero3-fp16"])
 def test_a_zero_checkpoint_converts_offline_as_any_other(runs, env, tmp_path, flags):
     """A ZeRO checkpoint holds whole tensors (the optimizer state too) and the metadata of an
     unsharded run (every parameter's name, its tensor-parallel split: those of the TP=2 x DP=2 run

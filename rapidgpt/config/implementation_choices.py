@@ -68,6 +68,9 @@ VALUE_CHOICES = {
         "ckpt", "Megatron's distributed checkpoint loads at any TP/PP/DP; RapidGPT's own checkpoints do too "
                 "(MindSpore .ckpt files per rank plus a layout record), so they are written; they are not "
                 "PyTorch Distributed Checkpoint files"),
+    ("--ckpt-format", "fsdp_dtensor"): (
+        "ckpt", "Megatron-FSDP's DTensor checkpoint loads at any layout; RapidGPT's own checkpoints do too, whatever "
+                "the ZeRO stage (MindSpore .ckpt files per rank plus a layout record), so they are written"),
     ("--ckpt-format", "torch"): (
         "ckpt", "Megatron's legacy per-rank torch.save files; RapidGPT writes its own layout-free checkpoints "
                 "(MindSpore .ckpt files per rank plus a layout record) instead"),
@@ -79,8 +82,6 @@ VALUE_CHOICES = {
 REFUSED_VALUES = {
     ("--ckpt-format", "torch_dcp"): "PyTorch DCP checkpoints (Megatron's FSDP2 format) are not written; RapidGPT's "
                                     "own checkpoints load at any layout: use torch_dist (or ckpt)",
-    ("--ckpt-format", "fsdp_dtensor"): "Megatron-FSDP's DTensor checkpoints are not built (nor is Megatron-FSDP); "
-                                       "use torch_dist (or ckpt)",
 }
 
 

@@ -1,8 +1,8 @@
 """Every Megatron-LM flag has an answer, so no Megatron command line meets "unknown flag".
 
-The flags are those of Megatron-LM's megatron/training/arguments.py at the commit named in
-rapidgpt/config/megatron_flag_shapes.py (generated from Megatron's own parser, with how it reads
-each one). A flag is, in this order:
+The flags are those of Megatron-LM's megatron/training/arguments.py, and the ModelOpt group its
+pretrain_gpt.py adds, at the commit named in rapidgpt/config/megatron_flag_shapes.py (generated
+from Megatron's own parser, with how it reads each one). A flag is, in this order:
 1. RapidGPT's own flag, with Megatron's meaning (rapidgpt/arguments.py and the rapidgpt/config/
    modules define it; rapidgpt/config/implementation_choices.py's accepted choices among them);
 2. an implementation choice (IMPLEMENTATION): accepted whatever its value, with one start-up line
@@ -194,10 +194,9 @@ REFUSED = [
     ("OpenTelemetry tracing is not built; use --tensorboard-dir", (), ("opentelemetry",)),
     ("the Multi-Storage Client (object storage) is not built: give local paths",
      ("--object-storage-cache-path",), ("msc",)),
-    ("Megatron-FSDP and FSDP2's options are not built; --zero-3-memory-optimization (or --use-torch-fsdp2) shards "
-     "parameters, gradients and optimizer state over the data-parallel ranks",
-     ("--use-megatron-fsdp", "--megatron-fsdp-*", "--fsdp-*", "--data-parallel-sharding-strategy",
-      "--outer-dp-sharding-strategy", "--torch-fsdp2-*", "--enable-full-sharding-in-hsdp",
+    ("this Megatron-FSDP / FSDP2 option (buffers, versions, hybrid sharding) is not built; --use-megatron-fsdp with "
+     "--data-parallel-sharding-strategy, and --use-torch-fsdp2, shard the model states as ZeRO does",
+     ("--megatron-fsdp-*", "--fsdp-*", "--outer-dp-sharding-strategy", "--torch-fsdp2-*", "--enable-full-sharding-in-hsdp",
       "--suggested-communication-unit-size", "--init-model-with-meta-device",
       "--no-use-layer-wise-param-layout", "--fsdp-manual-registration"), ()),
     ("weight rematerialization over a second tensor-parallel axis (GTP) is not built", ("--gtp-*",), ()),
@@ -301,6 +300,8 @@ REFUSED = [
     ("Megatron's old spelling of --position-embedding-type none: use that", ("--no-position-embedding",), ()),
     ("heterogeneous layer configurations (per-layer shapes) are not built", (),
      ("heterogeneous architecture",)),
+    ("NVIDIA ModelOpt (quantization, knowledge distillation, pruning, and its export and finetuning data; the "
+     "flags pretrain_gpt.py adds when ModelOpt is installed) is not built", (), ("modelopt-generic",)),
 ]
 
 
@@ -401,7 +402,8 @@ def markdown(known):
         elif kind == "refused":
             refused.setdefault(text, []).append(flag)
     own = sum(kind == "rapidgpt" for kind, _ in table.values())
-    out = [f"Of the {len(table)} flags of Megatron-LM's `megatron/training/arguments.py` (commit {COMMIT}), "
+    out = [f"Of the {len(table)} flags of Megatron-LM's `megatron/training/arguments.py` and of the ModelOpt group "
+           f"its `pretrain_gpt.py` adds when ModelOpt is installed (commit {COMMIT}), "
            f"{own} are RapidGPT's own, with Megatron's meaning; {sum(map(len, implementation.values()))} are "
            f"accepted as implementation choices (one start-up line each); {sum(map(len, refused.values()))} are "
            f"refused when given a value other than Megatron's default, each with the reason below. Generated "

@@ -129,14 +129,6 @@ def _check_sequence_parallel(args, check):
     check.require(args.seq_length % tp == 0,
                   f"--sequence-parallel: --seq-length {args.seq_length} is not divisible by "
                   f"--tensor-model-parallel-size {tp}; each TP rank holds an equal part of the sequence")
-    # Measured (MindSpore 2.10, CPU): TP=2 x DP=2 with ZeRO-3 stopped at the first step in a ring
-    # all-reduce of mismatched sizes ("Memcpy error, dest size is 96, src size is 3072"): the TP
-    # group's sequence gathers and scatters and the DP group's weight gathers, independent branches
-    # of the backward, met out of order. ZeRO-1 with it ran (by hand, TP=2 x DP=2).
-    check.require(not (args.zero_3_memory_optimization or args.fsdp_memory_optimization),
-                  "--sequence-parallel: not with ZeRO-3 (--zero-3-memory-optimization / --fsdp-memory-optimization) "
-                  "in this build (their collectives met out of order on MindSpore 2.10); use ZeRO-1 or ZeRO-2 "
-                  "(--use-distributed-optimizer) with it, or ZeRO-3 without it")
     check.require(args.task != "text_generation",
                   "--sequence-parallel: generation runs the whole sequence on every TP rank; drop the flag "
                   "(a model trained with it generates without it)")

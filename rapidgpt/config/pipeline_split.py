@@ -88,7 +88,7 @@ class PipelineSplit:
                              + (f" of {self.virtual_size} model chunks" if self.interleaved else "")
                              + "; change the first/last stage's layers or the stage count")
             return found
-        counted = self._counted_layers()
+        counted = self.counted_layers()
         if counted % self.pp_size:
             extra = " (with the embedding/loss counted as layers)" if counted != self.num_layers else ""
             found.append(f"--pipeline-model-parallel-size: --num-layers {self.num_layers}{extra} cannot be split into "
@@ -109,7 +109,8 @@ class PipelineSplit:
                 layers, stages = layers - n, stages - 1
         return layers, stages
 
-    def _counted_layers(self):
+    def counted_layers(self):
+        """The decoder layers, plus the embedding and the loss where they count as layers."""
         return self.num_layers + int(self.account_for_embedding) + int(self.account_for_loss)
 
     def chunk_layer_count(self, pp_rank, vp_stage):
@@ -122,7 +123,7 @@ class PipelineSplit:
             layers, stages = self._middle()
             per_rank = layers // stages if stages else 0
         else:
-            per_rank = self._counted_layers() // self.pp_size
+            per_rank = self.counted_layers() // self.pp_size
         count = per_rank // self.virtual_size
         if self.account_for_embedding and (pp_rank, vp_stage) == (0, 0):
             count -= 1
@@ -199,7 +200,7 @@ def check_pipeline_split_args(args, check):
                       "embedding/loss counted as layers) need pipeline stages; drop them or set the stage count")
         return
     if per_stage is not None:
-        counted = split._counted_layers()
+        counted = split.counted_layers()
         ok = check.require(counted % pp == 0 and (counted // pp) % per_stage == 0,
                            f"--num-layers-per-virtual-pipeline-stage: {per_stage} does not divide the "
                            f"{counted / pp:g} layers of each of the {pp} stages; choose a divisor")

@@ -58,9 +58,7 @@ class WandbScalars:
 
 
 def open_wandb_run(args):
-    """The W&B run of --wandb-project (None without it), opened as Megatron opens it."""
-    if not args.wandb_project:
-        return None
+    """The W&B run of --wandb-project (its caller asks only with one), opened as Megatron opens it."""
     import wandb
     directory = args.wandb_save_dir or (os.path.join(args.save, "wandb") if args.save else None)
     options = {"project": args.wandb_project, "name": args.wandb_exp_name,

@@ -136,6 +136,7 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
         fsync_path(rank_dir)
 
     def publish():
+        stage_layers = run_stage_layers(args)
         write_json(os.path.join(tmp, METADATA), {
             "iteration": iteration, "consumed_train_samples": consumed_samples,
             "model": embed_tokenizer_files(tmp, model_config(args)), "files": file_records(tmp),
@@ -144,7 +145,7 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
             "parallel": {"tensor_model_parallel_size": state.tensor_model_parallel_size,
                          "pipeline_model_parallel_size": state.pipeline_model_parallel_size,
                          "world_size": state.world_size,
-                         **({"stage_layers": run_stage_layers(args)} if run_stage_layers(args) else {})},
+                         **({"stage_layers": stage_layers} if stage_layers else {})},
             "versions": {"rapidgpt": __version__, "mindspore": ms.__version__},
             "args": {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool, list, type(None)))},
             **(extra_metadata or {})})

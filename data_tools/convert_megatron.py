@@ -17,9 +17,11 @@ tokenizer when its files exist here. The output (`iter_0000000`, weights only) t
 
 Needs torch (the CPU build is enough; `pip install 'rapidgpt[megatron]'`), and not Megatron.
 Refused with a reason: what RapidGPT's GPT does not compute (MoE, multi-latent attention,
-multi-token prediction, activations other than GELU and SwiGLU, sliding windows, RoPE variants
-other than Llama 3.1's scaling, ...: `_REFUSED_ARGS`), virtual pipeline stages, and Megatron-core's BERT (pre-LayerNorm, where
-RapidGPT's BERT is the original post-LayerNorm one).
+multi-token prediction, activations other than GELU, squared ReLU and SwiGLU, sliding windows, RoPE variants
+other than Llama 3.1's scaling, ...: `_REFUSED_ARGS`), and Megatron-core's BERT (pre-LayerNorm, where
+RapidGPT's BERT is the original post-LayerNorm one). Checkpoints saved with virtual pipeline stages
+(`--num-layers-per-virtual-pipeline-stage`) convert as any other: their chunks' layers are numbered
+in the model's order (chunk 0 of every stage, then chunk 1, ...).
 """
 import argparse
 import os
@@ -41,12 +43,11 @@ _COPIED_ARGS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_h
                 "position_embedding_type", "rotary_base", "rotary_percent", "rotary_interleaved", "use_rope_scaling",
                 "rope_scaling_factor", "normalization", "apply_layernorm_1p", "swiglu", "add_bias_linear",
                 "add_qkv_bias", "qk_layernorm", "untie_embeddings_and_output_weights", "init_method_std",
-                "hidden_dropout", "attention_dropout", "bias_gelu_fusion")
+                "hidden_dropout", "attention_dropout", "bias_gelu_fusion", "squared_relu")
 # Megatron args that, when set (not None, False or 0), make a model RapidGPT's GPT is not.
 _REFUSED_ARGS = (("num_experts", "mixture-of-experts layers are not built"),
                  ("multi_latent_attention", "multi-latent attention is not built"),
                  ("mtp_num_layers", "multi-token prediction is not built"),
-                 ("squared_relu", "squared-ReLU is not built (GELU, or SwiGLU)"),
                  ("openai_gelu", "the OpenAI GELU option is not built"),
                  ("quick_geglu", "quick-GEGLU is not built (GELU, or SwiGLU)"),
                  ("glu_linear_offset", "an offset in the GLU is not built"),
@@ -60,9 +61,7 @@ _REFUSED_ARGS = (("num_experts", "mixture-of-experts layers are not built"),
                  ("mrope_section", "multimodal RoPE is not built"),
                  ("rotary_seq_len_interpolation_factor", "RoPE position interpolation is not built"),
                  ("no_rope_freq", "layers without RoPE are not built"),
-                 ("heterogeneous_layers_config_path", "per-layer shapes are not built"),
-                 ("virtual_pipeline_model_parallel_size", "virtual pipeline stages (model0, model1, ...) are not "
-                                                          "read; convert a checkpoint saved without them"))
+                 ("heterogeneous_layers_config_path", "per-layer shapes are not built"))
 BERT_REFUSED = ("a Megatron-core BERT checkpoint: its BertModel is pre-LayerNorm, and RapidGPT's BERT is the original "
                 "post-LayerNorm one (Hugging Face's), so it does not convert; GPT and Llama-family checkpoints do")
 
@@ -127,15 +126,18 @@ def _unstack_layers(tensors):
 
 
 def _merge_legacy(pieces, swiglu):
-    """Join the tensor-parallel slices of each stage and number the stages' layers globally."""
-    tp = 1 + max(t for t, _ in pieces)
-    pp = 1 + max(p for _, p in pieces)
-    missing = [(t, p) for t in range(tp) for p in range(pp) if (t, p) not in pieces]
+    """Join the tensor-parallel slices of each chunk (a pipeline stage, or one of its virtual
+    stages) and number the chunks' layers globally, in the model's order: virtual stage 0 of every
+    pipeline stage, then virtual stage 1, ... (Megatron's layer offset of chunk v on stage p is
+    v L/V + p L/(P V) for even chunks)."""
+    tp, pp, vp = (1 + max(key[axis] for key in pieces) for axis in range(3))
+    missing = [(t, p, v) for t in range(tp) for p in range(pp) for v in range(vp) if (t, p, v) not in pieces]
     if missing:
-        raise MegatronCheckpointError(f"the checkpoint lacks the files of (tensor, pipeline) ranks {missing}")
+        raise MegatronCheckpointError(f"the checkpoint lacks (tensor, pipeline, virtual stage) {missing}: a rank's "
+                                      f"file is missing, or holds fewer virtual stages than another")
     out, first_layer = {}, 0
-    for stage in range(pp):
-        shards = [pieces[t, stage] for t in range(tp)]
+    for chunk in [(stage, v) for v in range(vp) for stage in range(pp)]:
+        shards = [pieces[(t, *chunk)] for t in range(tp)]
         layers = 1 + max([int(name.split(".")[2]) for name in shards[0] if name.startswith("decoder.layers.")],
                          default=-1)
         for name in shards[0]:

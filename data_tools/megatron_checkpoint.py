@@ -5,8 +5,9 @@ Two formats, as `pretrain_gpt.py --ckpt-format` writes them:
 
     <dir>/latest_checkpointed_iteration.txt                   "1000" (or "release")
     <dir>/iter_0001000/mp_rank_TT[_PPP]/model_optim_rng.pt    torch (legacy): one torch.save per
-        rank, {"args": Namespace, "iteration", "checkpoint_version", "model": {name: tensor}, ...};
-        names are Megatron-core's, local to the pipeline stage, tensors are this rank's TP slice
+        rank, {"args": Namespace, "iteration", "checkpoint_version", "model": {name: tensor}, ...}
+        ("model0", "model1", ... instead of "model" with virtual pipeline stages: one per chunk);
+        names are Megatron-core's, layers numbered within the chunk, tensors are this rank's TP slice
     <dir>/iter_0001000/{.metadata, __R_0.distcp, metadata.json}   torch_dist: a
         torch.distributed.checkpoint (DCP) folder of global tensors (layers stacked on a leading
         axis, [num_layers, ...], TP slices already joined); the args are pickled inside it
@@ -99,21 +100,25 @@ def _load(torch, source, name=None):
 
 
 def read_legacy(folder):
-    """-> (args, {(tp_rank, pp_rank): {name: numpy array}}) of a legacy (`torch`) checkpoint."""
+    """-> (args, {(tp_rank, pp_rank, virtual stage): {name: numpy array}}) of a legacy (`torch`)
+    checkpoint (virtual stage 0 only without virtual pipeline stages)."""
     torch = import_torch()
     pieces, args = {}, None
     for name in _legacy_ranks(folder):
         numbers = name[len("mp_rank_"):].split("_")
         tp_rank, pp_rank = int(numbers[0]), int(numbers[1]) if len(numbers) > 1 else 0
-        state = _load(torch, os.path.join(folder, name, LEGACY_FILE))
-        if "model" not in state:
-            raise MegatronCheckpointError(f"{os.path.join(folder, name, LEGACY_FILE)}: no 'model' in it (keys: "
-                                          f"{sorted(state)}); a checkpoint with virtual pipeline stages (model0, "
-                                          f"model1, ...) is not read")
+        path = os.path.join(folder, name, LEGACY_FILE)
+        state = _load(torch, path)
+        chunks = {0: state["model"]} if "model" in state else {
+            int(key[len("model"):]): value for key, value in state.items() if key[len("model"):].isdigit()}
+        if not chunks:
+            raise MegatronCheckpointError(f"{path}: no model in it (keys: {sorted(state)}); Megatron saves the "
+                                          f"model as 'model' (or 'model0', 'model1', ... per virtual stage)")
         args = args or state.get("args")
-        pieces[tp_rank, pp_rank] = {key: value.detach().float().numpy() for key, value in state["model"].items()
-                                    if torch.is_tensor(value) and not key.endswith("_extra_state")}  # TE's FP8 state
-    return args, pieces
+        for vp_stage, model in chunks.items():
+            pieces[tp_rank, pp_rank, vp_stage] = {key: value.detach().float().numpy() for key, value in model.items()
+                                                  if torch.is_tensor(value) and not key.endswith("_extra_state")}
+    return args, pieces                                                   # (_extra_state: TE's FP8 state)
 
 
 def read_torch_dist(folder):

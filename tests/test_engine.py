@@ -601,3 +601,20 @@ def test_per_token_loss_is_the_mean_over_every_token_of_the_step(jit):
         assert result.loss == pytest.approx(loss, rel=1e-5), per_token
         np.testing.assert_allclose(w0[0] - net.weight.asnumpy()[0], grad, rtol=1e-5, err_msg=str(per_token))
     assert not np.isclose(expected[True][0], expected[False][0], rtol=1e-3)      # the test can tell them apart
+
+
+def test_the_compile_call_depth_limit_grows_with_the_parameters_and_never_shrinks(monkeypatch):
+    """MindSpore unrolls loops over the parameters into nested calls and stops at 1000 levels by
+    default: a 32-layer GPT with ZeRO-1 (388 parameters) stopped at its first step with "Exceed
+    function call depth limit 1000" (measured by hand; 8 layers need 300-375, 16 at most 700).
+    Compiling such a model takes minutes here, so this checks the rule, not a compile."""
+    import mindspore as ms
+    from rapidgpt.training import step
+    limits = []
+    monkeypatch.setattr(ms, "set_recursion_limit", limits.append)
+    monkeypatch.setattr(step, "_call_depth", step.DEFAULT_CALL_DEPTH)
+    step.allow_call_depth_for(388)
+    step.allow_call_depth_for(100)              # a smaller graph later in the process: kept
+    step.allow_call_depth_for(500)
+    assert limits == [1000 + 6 * 388, 1000 + 6 * 500]
+    assert limits[0] >= 2 * 375 / 100 * 388     # twice the measured need per parameter

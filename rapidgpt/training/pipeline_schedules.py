@@ -50,6 +50,7 @@ from rapidgpt.parallel.state import (get_data_parallel_rank, get_data_parallel_w
                                      get_embedding_group, get_pipeline_model_parallel_group,
                                      get_pipeline_model_parallel_rank, get_pipeline_model_parallel_world_size,
                                      get_pipeline_neighbour_groups)
+from rapidgpt.training.step import allow_call_depth_for
 from rapidgpt.training.schedules import (DataParallelFinalize, accumulate, add_stats, casts_to_fp32, loss_and_stats,
                                          loss_multiplier, micro_batch_dropout_key, per_token_finalize,
                                          rounds_to_bf16, select_micro_batch, stacked_losses, unstacked_losses)
@@ -334,6 +335,7 @@ class PipelineTrainStep:
                                                   optimizer.gradient_layout, per_token, virtual_size, group_size)
         self.gradient_bytes = self.schedule.finalize_dp.gradient_bytes
         self.optimizer = optimizer
+        allow_call_depth_for(len(optimizer.parameters))
         self._update = ms.jit(optimizer.construct) if jit else optimizer
         self._jit, self._updated_once = jit, False
 

@@ -73,6 +73,26 @@ class _StepCell(nn.Cell):
         return losses, names, self.optimizer(grads, lr)
 
 
+# MindSpore's graph compiler unrolls a loop over the parameters (the optimizer's update, ZeRO's
+# gathers, the gradient casts) into nested calls, and stops at 1000 levels by default ("Exceed
+# function call depth limit 1000"). Measured (MindSpore 2.10, CPU, the GPT with ZeRO-1, 12
+# parameters a layer): 8 layers (100 parameters) need a limit between 300 and 375, 16 layers (196)
+# at most 700, 32 layers (388) more than 1000, so a 32-layer model stopped at its first step. The
+# limit grows with the parameters, about twice what was measured.
+DEFAULT_CALL_DEPTH = 1000
+_call_depth = DEFAULT_CALL_DEPTH
+
+
+def allow_call_depth_for(parameter_count):
+    """Raise MindSpore's compile call-depth limit for a graph looping over `parameter_count`
+    parameters (never lowers it: another graph of the process may need more)."""
+    global _call_depth
+    needed = DEFAULT_CALL_DEPTH + 6 * parameter_count
+    if needed > _call_depth:
+        ms.set_recursion_limit(needed)
+        _call_depth = needed
+
+
 class TrainStep:
     """Callable `step(stacked_batches, lr, iteration) -> StepResult` for a fixed model;
     `iteration` (the number of the training iteration) selects the dropout masks.
@@ -93,6 +113,7 @@ class TrainStep:
                                                optimizer.gradient_layout, per_token)
         self.gradient_bytes = schedule.finalize.gradient_bytes
         cell = _StepCell(schedule, optimizer)
+        allow_call_depth_for(len(optimizer.parameters))
         self._step = ms.jit(cell.construct) if jit else cell
         self._optimizer, self._forward, self._ran = optimizer, forward, False
         self._compile_cache = compile_cache if jit else None

@@ -43,6 +43,9 @@ class ZeroConfig:
         given = sorted(_given(args), key=STAGE_OF_FLAG.get)
         return cls(STAGE_OF_FLAG[given[-1]], given[-1]) if given else cls()
 
+    def describe(self):
+        return f"ZeRO stage {self.stage}" if self.stage else "no ZeRO"
+
 
 def add_zero_args(parser):
     g = parser.add_argument_group(

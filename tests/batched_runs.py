@@ -32,7 +32,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 SEVERAL_RUNS = "tests/distributed/several_runs.py"
 START = re.compile(r"^<<< run (\d+)$", re.M)
-END = re.compile(r"^>>> run (\d+) status (-?\d+)$", re.M)
+END = re.compile(r"^>>> run (\d+) status (-?\d+) seconds [\d.]+$", re.M)
 
 
 def run_to_end(command, env, timeout, **kwargs):

@@ -5,8 +5,8 @@
 Under msrun every rank runs the same list, so a batch of test runs pays msrun's start-up (its
 scheduler, building the cluster, every rank importing MindSpore) once instead of once per run.
 Each run is the CLI's own `main(argv)`, as `python -m rapidgpt.cli ARGV` runs it; its output is
-framed by the lines `<<< run K` and `>>> run K status S` (S: its exit status on this rank), read by
-tests/batched_runs.py. Each marker is one write, so another thread's log line cannot split it.
+framed by the lines `<<< run K` and `>>> run K status S seconds T` (S: its exit status on this rank,
+T: its wall time, which tells where a batch's time went), read by tests/batched_runs.py. Each marker is one write, so another thread's log line cannot split it.
 
 In one process a failed run does not stop the list. Under msrun the first run that fails on this
 rank ends the process with its status: the other ranks would otherwise wait for this one in that
@@ -18,6 +18,7 @@ time-out, before the job ended).
 import json
 import os
 import sys
+import time
 import traceback
 
 from rapidgpt.cli import main
@@ -35,6 +36,7 @@ if is_msrun_scheduler():                 # serves the job until every worker has
     sys.exit(main(command_lines[0]))
 for k, argv in enumerate(command_lines):
     marker(f"<<< run {k}")
+    started = time.perf_counter()
     try:
         status = main(argv)
     except SystemExit as e:              # a flag error: exit status 2, as from a terminal
@@ -43,7 +45,7 @@ for k, argv in enumerate(command_lines):
         traceback.print_exc()
         status = 1
     sys.stderr.flush()
-    marker(f">>> run {k} status {status}")
+    marker(f">>> run {k} status {status} seconds {time.perf_counter() - started:.1f}")
     if status and launched_by_msrun():
         sys.stdout.flush()
         os._exit(status)

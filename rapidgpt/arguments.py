@@ -16,6 +16,7 @@ import math
 import os
 import sys
 
+from rapidgpt.data.fim import add_fim_args, check_fim_args
 from rapidgpt.data.gpt_dataset import parse_split
 from rapidgpt.config.batch_size_rampup import add_batch_size_rampup_args, check_batch_size_rampup_args
 from rapidgpt.config.bert import add_bert_args, check_bert_args
@@ -326,7 +327,7 @@ def build_parser(extra_args_provider=None, megatron_flags=True):
                 _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
                 add_zero_args, add_replica_check_args, add_kernel_fusion_args, add_compile_cache_args,
                 add_implementation_choice_args,
-                _launcher_args, _rapidformer_args, add_pipeline_split_args, add_wandb_args):
+                _launcher_args, _rapidformer_args, add_pipeline_split_args, add_wandb_args, add_fim_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -456,6 +457,7 @@ def validate_args(args, world_size=1, check=None):
     check_batch_size_rampup_args(args, check)
     check_interleaved_batch(args, check)
     check_bert_args(args, check)
+    check_fim_args(args, check)
     check_zero_args(args, check)            # before the precision flags: Megatron-FSDP's gradient dtypes set them
     check_precision_args(args, check)
     check_recompute_args(args, check)

@@ -22,6 +22,7 @@ from functools import partial
 
 from rapidgpt import Pretrainer, RapidGPTEngine, get_args, get_tokenizer, next_batch
 from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
+from rapidgpt.data.fim import fim_config
 from rapidgpt.data.gpt_dataset import GPTDatasetConfig
 from rapidgpt.data.mock_dataset import MockCorpus
 from rapidgpt.models import build_gpt_model
@@ -89,6 +90,7 @@ class MegatronGPTPretrainer(Pretrainer):
             reset_position_ids=args.reset_position_ids,
             reset_attention_mask=args.reset_attention_mask,
             data_cache_path=args.data_cache_path,
+            fim=fim_config(args, tokenizer, self.logger.warning),     # --fim-data (rapidgpt/data/fim.py)
         )
         train_ds, valid_ds, test_ds = build_train_valid_test_datasets(
             config, train_val_test_num_samples,

@@ -276,7 +276,6 @@ REFUSED = [
       "--mid-level-dataset-surplus", "--allow-ambiguous-pad-tokens", "--dataloader-type"), ()),
     ("attention restricted to each document of a sample is not built (documents in a sample attend to each "
      "other, as Megatron's default)", ("--dataloader-inter-document-masking",), ()),
-    ("fill-in-the-middle (FIM) data is not built", ("--fim-*",), ()),
     ("this vocabulary-size option is not built (the vocabulary is padded to --make-vocab-size-divisible-by x TP)",
      ("--padded-vocab-size", "--no-pad-vocab-size"), ()),
     ("this tokenizer option is not built (--tokenizer-type with --vocab-file/--merge-file or --tokenizer-model)",

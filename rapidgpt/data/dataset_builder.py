@@ -121,6 +121,9 @@ class _Builder:
             return BertDataset(corpus, split, documents, num_samples, self.config,
                                self.build_on_this_rank, self.barrier)
         if isinstance(corpus, MindRecordCorpus):
+            if self.config.fim is not None:
+                raise ValueError(f"{prefix}: --fim-data permutes the documents of a .bin/.idx corpus; MindRecord "
+                                 f"rows (padded samples) are not built for it: remove --fim-data or give .bin/.idx data")
             return MindRecordGPTDataset(corpus, split, documents, num_samples, self.config)
         return GPTDataset(corpus, split, documents, num_samples, self.config,
                           self.build_on_this_rank, self.barrier)

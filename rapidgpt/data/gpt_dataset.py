@@ -39,6 +39,7 @@ class GPTDatasetConfig:
     reset_position_ids: bool = False          # --reset-position-ids
     reset_attention_mask: bool = False        # --reset-attention-mask
     data_cache_path: Optional[str] = None     # --data-cache-path; None: `cache/` beside the data
+    fim: Optional[object] = None              # --fim-data: a fim.FIMConfig that permutes each sample
 
     def __post_init__(self):
         if self.seq_length < 1:
@@ -247,8 +248,10 @@ class GPTDataset:
         if not -n <= idx < n:
             raise IndexError(f"sample {idx} out of range ({n} samples)")
         sample = self.sample_tokens(idx % n)
-        tokens, labels = sample[:-1], sample[1:]
         c = self.config
+        if c.fim is not None:
+            sample = c.fim.permute(sample, c.seed, self.split, idx % n)
+        tokens, labels = sample[:-1], sample[1:]
         loss_mask, position_ids, attention_mask = ltor_masks_and_position_ids(
             tokens, c.eod, c.eod_mask_loss, c.reset_position_ids, c.reset_attention_mask)
         item = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}

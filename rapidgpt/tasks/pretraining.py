@@ -7,12 +7,14 @@ BertWordPiece*, as Rapidformer's BERT examples): sentence-level data (`..._text_
 preprocess_data.py --split-sentences), Megatron's pretrain_bert: masked-LM loss plus the
 sentence-order loss (unless --bert-no-binary-head), logged as "lm loss" and "sop loss".
 """
+import logging
 from functools import partial
 
 from rapidgpt.arguments import parse_args
 from rapidgpt.data.bert_dataset import BertDatasetConfig
 from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
 from rapidgpt.data.demo_corpus import demo_corpus
+from rapidgpt.data.fim import fim_config
 from rapidgpt.data.gpt_dataset import GPTDatasetConfig
 from rapidgpt.data.mock_dataset import MockCorpus
 from rapidgpt.engine import RapidGPTEngine
@@ -43,7 +45,8 @@ def gpt_dataset_config(args):
                             eod=tokenizer.eod if tokenizer is not None else None,
                             eod_mask_loss=args.eod_mask_loss, reset_position_ids=args.reset_position_ids,
                             reset_attention_mask=args.reset_attention_mask,
-                            data_cache_path=args.data_cache_path)
+                            data_cache_path=args.data_cache_path,
+                            fim=fim_config(args, tokenizer, logging.getLogger("rapidgpt").warning))
 
 
 def mock_corpus(args):

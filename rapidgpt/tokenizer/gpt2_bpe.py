@@ -144,6 +144,20 @@ class GPT2BPETokenizer:
         # Megatron's GPT-2 tokenizer has no pad token and pads with the eod id.
         return self.eod
 
+    @property
+    def unk(self):
+        # What an unknown token name stands for: transformers' GPT2Tokenizer (Megatron's
+        # GPT2BPETokenizer) has <|endoftext|> as its unknown token.
+        return self.eod
+
+    def token_to_id(self, token):
+        """The id of the vocabulary entry `token`, None if there is none."""
+        return self.encoder.get(token)
+
+    def text_to_ids(self, text):
+        """The ids of `text` with no special token added: `tokenize`."""
+        return self.tokenize(text)
+
     def tokenize(self, text):
         """Return the token ids of `text`: pre-tokenize, then per-word BPE (cached)."""
         ids = []

@@ -63,6 +63,8 @@ class HuggingFaceTokenizer:
         eos, bos = _special_token(folder, "eos_token"), _special_token(folder, "bos_token")
         self.eod = None if eos is None else self._tokenizer.token_to_id(eos)
         self.bos = None if bos is None else self._tokenizer.token_to_id(bos)      # None: the folder has none
+        unk = _special_token(folder, "unk_token")
+        self.unk = None if unk is None else self._tokenizer.token_to_id(unk)
         if self.eod is None:
             raise TokenizerError(f"--tokenizer-model {folder}: no eos_token in tokenizer_config.json (or "
                                  f"special_tokens_map.json) that the vocabulary holds; the end-of-document "
@@ -77,3 +79,11 @@ class HuggingFaceTokenizer:
 
     def detokenize(self, ids):
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def token_to_id(self, token):
+        """The id of the vocabulary entry `token`, None if there is none."""
+        return self._tokenizer.token_to_id(token)
+
+    def text_to_ids(self, text):
+        """The ids of `text` with no special token added (no BOS from the folder's post-processor)."""
+        return self._tokenizer.encode(text, add_special_tokens=False).ids

@@ -238,16 +238,17 @@ ZERO3 = ("--zero-3-memory-optimization",)
 SP = ("--sequence-parallel",)
 # Megatron's replica checks, which change no number: each rank's copies of the q/k norms and weights.
 CHECKS = ("--test-mode", "--check-weight-hash-across-dp-replicas-interval", "1")
-# PP=2 alone is in both PP=2 layouts below.
-LAYOUTS = {"tp2": (2, 2, *CHECKS[:1]), "tp2-sp": (2, 2, *SP), "dp2-zero1": (2, 1, "--zero-1-memory-optimization", *CHECKS),
-           "dp2-zero2": (2, 1, "--zero-2-memory-optimization"), "dp2-zero3": (2, 1, *ZERO3),
+# PP=2 alone is in both PP=2 layouts below. TP=2 runs with --sequence-parallel (TP=2 alone: the GPT's
+# layouts, the fp16 run below); ZeRO-2, and ZeRO-3 at DP=2 alone, do the same for any model (the
+# GPT's layouts, tests/test_zero.py), ZeRO-3 here at PP=2 x DP=2.
+LAYOUTS = {"tp2-sp": (2, 2, *SP, *CHECKS[:1]), "dp2-zero1": (2, 1, "--zero-1-memory-optimization", *CHECKS),
            "pp2xtp2-sp": (4, 2, *PP2, *SP),
            "pp2xdp2-zero3": (4, 1, *PP2, *ZERO3)}
-RECOMPUTE = {"full": ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"),
-             "selective": ("--recompute-granularity", "selective")}
+# Selective recompute (full recompute does the same for any model: tests/test_zero.py's PP=2 run).
+SELECTIVE = ("--recompute-granularity", "selective")
 FP16 = ("--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3")
 LLAMA_RUNS = ([(1, 1, *LAYOUT_MODEL)] + [(nproc, tp, *LAYOUT_MODEL, *flags) for nproc, tp, *flags in LAYOUTS.values()]
-              + [(2, 2, *LAYOUT_MODEL, *SP, *flags) for flags in RECOMPUTE.values()]
+              + [(2, 2, *LAYOUT_MODEL, *LAYOUTS["tp2-sp"][2:], *SELECTIVE)]
               + [(1, 1, *LAYOUT_MODEL, *FP16), (4, 2, *LAYOUT_MODEL, *FP16)])
 
 
@@ -332,14 +333,11 @@ def test_cached_decoding_gives_the_full_forward_logits(kind, constant_mask, monk
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", list(RECOMPUTE))
-def test_llama_recompute_with_sequence_parallelism_prints_exactly_the_run_without_it(llama_runs, kind):
-    """Full and selective recompute at TP=2 with --sequence-parallel: the very values of the run
-    without it."""
-    found, _, log = llama_runs(2, 2, *LAYOUT_MODEL, *SP, *RECOMPUTE[kind])
-    marked = "full, uniform, 1 layer(s)" if kind == "full" else "selective (core attention)"
-    assert f"activation recompute: {marked} (2 cells marked)" in log
-    assert found == llama_runs(2, 2, *LAYOUT_MODEL, *SP)[0]
+def test_llama_selective_recompute_with_sequence_parallelism_prints_exactly_the_run_without_it(llama_runs):
+    """Selective recompute at TP=2 with --sequence-parallel: the very values of the run without it."""
+    found, _, log = llama_runs(2, 2, *LAYOUT_MODEL, *LAYOUTS["tp2-sp"][2:], *SELECTIVE)
+    assert "activation recompute: selective (core attention) (2 cells marked)" in log
+    assert found == llama_runs(2, 2, *LAYOUT_MODEL, *LAYOUTS["tp2-sp"][2:])[0]
 
 
 def test_llama_fp16_on_tp2_x_dp2_follows_the_single_process_fp16_run(llama_runs):

@@ -299,8 +299,8 @@ RECOMPUTE = {
     "full block 3": ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "3"],
     "selective": ["--recompute-activations"],
 }
-# The compiled step's --checkpoint-activations and --recompute-activations are also compared with
-# runs without recompute on TP=2 (tests/test_parallel.py) and pipeline stages (test_pipeline.py).
+# The compiled step's --recompute-activations is also compared with the run without recompute on TP=2
+# (tests/test_parallel.py), --checkpoint-activations on pipeline stages (test_pipeline.py).
 COMPILED_ONLY_HERE = ("full uniform 2", "full block 3")
 
 

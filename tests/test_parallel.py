@@ -1,18 +1,16 @@
 """Distributed runs (msrun, CPU backend) against the single-process run.
 
 Every collective of rapidgpt.parallel.comm on sub-groups of 4 ranks against numpy; then the tiny
-GPT trained with TP=2, DP=2 and TP=2 x DP=2 must print the single-process run's loss and grad
+GPT trained with TP=2 (with sequence parallelism) and DP=2 (TP=2 x DP=2: with ZeRO, tests/test_zero.py) must print the single-process run's loss and grad
 norm at every iteration, and its validation loss (dropout on: the masks do not depend on the
 layout), within 1e-5 relative, and end with the same weights (gathered from its per-TP-rank
-checkpoint). Checkpoints move between layouts: a TP=2 x DP=2 checkpoint resumes in one process,
-a single-process one on TP=2 x DP=2, each continuing the uninterrupted run; a TP=2 checkpoint
+checkpoint). Checkpoints move between layouts: a TP=2 x DP=2 (ZeRO-2) checkpoint resumes in one process,
+continuing the uninterrupted run (a single-process one on PP=2 x TP=2: tests/test_pipeline.py); a TP=2 checkpoint
 evaluated in one process (resharded on load, or converted by data_tools/convert_checkpoint.py)
 gives the TP=2 run's validation loss.
 
-Mixed precision and recompute: fp16 (a scale that grows and overflows within the run) at DP=2
-gives the single-process fp16 run's losses within 5e-3 and the same skipped iterations and loss
-scales (with TP, under ZeRO: tests/test_zero.py); recompute at TP=2 (full and selective) prints exactly what TP=2
-without recompute prints.
+Recompute: selective recompute at TP=2 with sequence parallelism prints exactly what that run
+prints without it. (fp16 on several ranks, and full recompute: tests/test_zero.py.)
 """
 import json
 import os
@@ -102,10 +100,13 @@ def assert_same_run(found, reference):
 
 
 # The runs of the `runs` fixture (tests/conftest.py) this module's tests ask for (tests/test_zero.py
-# declares its own).
-TINY_RUNS = [(1, 1, *STATISTICS), (2, 2, *STATISTICS), (2, 1, *STATISTICS), (4, 2, *STATISTICS), (1, 1, *FP16),
-             (2, 1, *FP16), (2, 2, "--checkpoint-activations", *STATISTICS),
-             (2, 2, "--recompute-activations", *STATISTICS), (2, 2, "--sequence-parallel", *STATISTICS)]
+# declares its own). TP=2 runs with --sequence-parallel: it changes no number (checked against the
+# single process), so the TP=2 checkpoint tests use that run too.
+SP = ("--sequence-parallel",)
+# TP=2 x DP=2 runs with ZeRO-2 (tests/test_zero.py checks that run against the single process).
+ZERO2 = ("--zero-2-memory-optimization",)
+TINY_RUNS = [(1, 1, *STATISTICS), (2, 2, *SP, *STATISTICS), (2, 1, *STATISTICS), (4, 2, *ZERO2, *STATISTICS),
+             (2, 2, *SP, "--recompute-activations", *STATISTICS)]
 
 
 def tiny_run(nproc, tp, *flags):
@@ -190,8 +191,7 @@ def test_collectives_on_subgroups_match_numpy(env, tmp_path):
     assert status == 0 and "rank 0: comm ok" in log, log[-3000:]
 
 
-@pytest.mark.parametrize("nproc,tp,flags", [(2, 2, ()), (2, 1, ()), (4, 2, ()), (2, 2, ("--sequence-parallel",))],
-                         ids=["tp2", "dp2", "tp2xdp2", "tp2-sequence-parallel"])
+@pytest.mark.parametrize("nproc,tp,flags", [(2, 1, ()), (2, 2, SP)], ids=["dp2", "tp2-sequence-parallel"])
 def test_parallel_run_reproduces_the_single_process_run(runs, nproc, tp, flags):
     """Also with Megatron's sequence parallelism (learned positions, LayerNorms and the output
     projections' biases on parts of the sequence, their gradients summed over TP)."""
@@ -207,31 +207,22 @@ def test_parallel_run_reproduces_the_single_process_run(runs, nproc, tp, flags):
     assert_same_statistics(save, single_save, tp, vocab_size)
 
 
-@pytest.mark.parametrize("nproc,tp", [(2, 1)], ids=["dp2"])      # fp16 with TP: tests/test_zero.py (TP=2 x DP=2
-def test_fp16_parallel_run_follows_the_single_process_fp16_run(runs, nproc, tp):   # ZeRO-3, Rapidformer's set)
-    """Losses, the grad norms of the updated iterations (TensorBoard's) and validation losses
-    within 5e-3; the same iterations skipped at the same loss scales."""
-    found, save, log = runs(nproc, tp, *FP16)
-    reference, _, reference_log = runs(1, 1, *FP16)
-    assert_layout(save, tp=tp, world_size=nproc)
-    assert 0 < len(skipped(reference_log)) < 12 and skipped(log) == skipped(reference_log)
-    assert SCALES.findall(log) == SCALES.findall(reference_log)          # every iteration's scale
-    assert_close_run(found, reference, 5e-3)
+# fp16 on several ranks: tests/test_zero.py (DP=2 with fp32 gradients, TP=2 x DP=2 ZeRO-3 and Rapidformer's
+# 8-rank set, the last two with overflows).
 
 
-@pytest.mark.parametrize("flags", [("--checkpoint-activations",), ("--recompute-activations",)],
-                         ids=["full", "selective"])
-def test_recompute_on_tp2_prints_exactly_the_run_without_it(runs, flags):
-    found, _, log = runs(2, 2, *flags, *STATISTICS)
-    reference, _, reference_log = runs(2, 2, *STATISTICS)
-    kind = "full, uniform, 1 layer(s)" if flags == ("--checkpoint-activations",) else "selective (core attention)"
-    assert f"activation recompute: {kind} (2 cells marked)" in log      # the 2 layers, or their core attentions
+def test_selective_recompute_on_tp2_with_sequence_parallelism_prints_exactly_the_run_without_it(runs):
+    """(Full recompute: tests/test_zero.py's PP=2 x DP=2 run and Rapidformer's set, against the
+    single process.)"""
+    found, _, log = runs(2, 2, *SP, "--recompute-activations", *STATISTICS)
+    reference, _, reference_log = runs(2, 2, *SP, *STATISTICS)
+    assert "activation recompute: selective (core attention) (2 cells marked)" in log    # the 2 core attentions
     assert "activation recompute" not in reference_log
     assert found == reference
 
 
 def test_tp2_x_dp2_checkpoint_resumes_in_one_process(runs, env, tmp_path):
-    _, save, _ = runs(4, 2, *STATISTICS)
+    _, save, _ = runs(4, 2, *ZERO2, *STATISTICS)
     reference, _, _ = runs(1, 1, *STATISTICS)
     status, log = single(TINY + ["--load", checkpoint_of(save, 6, tmp_path / "load"),
                                  "--tensorboard-dir", str(tmp_path / "tb")], env)
@@ -240,20 +231,8 @@ def test_tp2_x_dp2_checkpoint_resumes_in_one_process(runs, env, tmp_path):
     assert_same_run(values(log, tmp_path / "tb"), reference[13:])    # iterations 7..12, the last 2 validations
 
 
-def test_single_process_checkpoint_resumes_on_tp2_x_dp2(runs, env, tmp_path):
-    _, save, _ = runs(1, 1, *STATISTICS)
-    reference, _, _ = runs(1, 1, *STATISTICS)
-    load = checkpoint_of(save, 6, tmp_path / "load")
-    status, log = msrun(4, ["rapidgpt/cli.py"] + TINY + ["--load", load, "--tensor-model-parallel-size", "2",
-                                                         "--tensorboard-dir", str(tmp_path / "tb")],
-                        tmp_path / "logs", env)
-    assert status == 0, log[-3000:]
-    assert "resharded to 2" in log
-    assert_same_run(values(log, tmp_path / "tb"), reference[13:])
-
-
 def test_tp2_checkpoint_evaluated_in_one_process_gives_the_tp2_validation_loss(runs, env):
-    found, save, _ = runs(2, 2, *STATISTICS)
+    found, save, _ = runs(2, 2, *SP, *STATISTICS)
     status, log = single(TINY + ["--load", str(save), "--skip-train"], env)
     assert status == 0, log[-3000:]
     assert_same_run(values(log), found[-1:])           # "validation loss at the end of training"
@@ -278,7 +257,7 @@ def assert_same_pieces(save, again, rank_dirs, iteration="iter_0000012"):
 
 
 def test_convert_checkpoint_changes_the_tensor_parallel_size(runs, env, tmp_path):
-    found, save, _ = runs(2, 2, *STATISTICS)
+    found, save, _ = runs(2, 2, *SP, *STATISTICS)
     out = convert_checkpoint(env, save, tmp_path / "tp1", "--target-tensor-parallel-size", "1")
     assert "tensor-parallel size 2 -> 1" in out
     assert sorted(os.listdir(tmp_path / "tp1" / "iter_0000012")) == ["merges.txt", "metadata.json", "mp_rank_00",
@@ -371,7 +350,7 @@ def test_sigterm_makes_every_rank_save_at_the_same_step(env, tmp_path, target):
 
 
 def test_a_missing_tensor_parallel_piece_makes_the_checkpoint_incomplete(runs, tmp_path):
-    _, save, _ = runs(2, 2, *STATISTICS)
+    _, save, _ = runs(2, 2, *SP, *STATISTICS)
     load = tmp_path / "load"
     shutil.copytree(save, load)
     shutil.rmtree(load / "iter_0000012" / "mp_rank_01")

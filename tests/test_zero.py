@@ -1,6 +1,6 @@
 """ZeRO stages 1-3 under msrun against one process: the tiny GPT with its optimizer state (stage 1),
 gradients (stage 2, rapidgpt/optim/distributed_optimizer.py) and parameters (stage 3,
-rapidgpt/parallel/fully_sharded.py) sharded over DP=2 and DP=4, stage 2 over TP=2 x DP=2 and stage 3
+rapidgpt/parallel/fully_sharded.py) sharded over DP=2, stage 2 over TP=2 x DP=2 and stage 3
 over PP=2 x DP=2 with full recompute, prints the single-process losses, grad norms
 and validation losses within 1e-5 and ends with the same weights and optimizer state (gathered
 whole in its checkpoint); fp16 follows the fp16 run (stage 3 at TP=2 x DP=2), and so does
@@ -35,15 +35,19 @@ PP2 = ("--pipeline-model-parallel-size", "2")
 FULL_RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1")
 RAPIDFORMER = (*PP2, *ZERO2, "--checkpoint-activations", "--mixed-precision", *FP16[1:],   # with TP=2, 8 ranks
                *STATISTICS)     # the full-recompute step with Megatron's statistics (they once broke it at TP=2)
+# ZeRO-1 runs without weight decay: then nothing but the update kernels writes the pieces before they
+# are gathered (see test_zero_gathers_the_updated_pieces_without_weight_decay).
 NO_DECAY = ("--weight-decay", "0")
-NO_DECAY_RUNS = [(1, 1, *NO_DECAY), (2, 1, *ZERO1, *NO_DECAY), (2, 1, *ZERO1, *NO_DECAY, "--optimizer", "sgd"),
-                 (1, 1, *NO_DECAY, "--optimizer", "sgd")]
+SGD = ("--optimizer", "sgd")
+# Each stage's run at DP=2, and the single-process run it reproduces (the layout's other flags added).
+DP2_STAGE = {1: (*ZERO1, *NO_DECAY), 2: ZERO2, 3: ZERO3}
+REFERENCE = {1: NO_DECAY, 2: (), 3: ()}
 # The runs of the `runs` fixture (tests/conftest.py) this module's tests ask for.
-TINY_RUNS = [(1, 1, *STATISTICS), (1, 1, *FP16), (1, 1, *FP16, "--accumulate-allreduce-grads-in-fp32"),
-             *[(2, 1, *ZERO[stage], *STATISTICS) for stage in (1, 2, 3)], (4, 1, *ZERO2, *STATISTICS),
+TINY_RUNS = [(1, 1, *STATISTICS), (1, 1, *NO_DECAY, *STATISTICS), (1, 1, *FP16), (1, 1, *FP16, "--accumulate-allreduce-grads-in-fp32"),
+             *[(2, 1, *DP2_STAGE[stage], *STATISTICS) for stage in (1, 2, 3)],
              (4, 2, *ZERO2, *STATISTICS), (4, 1, *PP2, *FULL_RECOMPUTE, *ZERO3, *STATISTICS),
              (2, 1, *FP16, "--accumulate-allreduce-grads-in-fp32", *ZERO2), (4, 2, *FP16, *MEGATRON_FSDP), (8, 2, *RAPIDFORMER),
-             (4, 2, *STATISTICS), *NO_DECAY_RUNS]
+             (2, 2, "--sequence-parallel", *STATISTICS), (2, 1, *ZERO1, *NO_DECAY, *SGD), (1, 1, *NO_DECAY, *SGD)]
 HELD = re.compile(r"model states held on this rank: weights (\d+) bytes, main parameters and optimizer state "
                   r"(\d+) bytes")
 HANDED = re.compile(r"gradients handed to the optimizer on this rank: (\d+) bytes")
@@ -85,16 +89,18 @@ def test_zero_3_gives_every_rank_even_pieces_of_every_parameter():
         np.testing.assert_array_equal(found.asnumpy(), expected)
 
 
-# DP=4: stage 2 here (its flat pieces are stage 1's), stage 3 in tests/test_bert.py (a BERT at DP=4,
-# whose two heads once ordered their gathers differently per rank) and at PP=2 x DP=2 below.
-@pytest.mark.parametrize("nproc, tp, layout, stage", [(2, 1, (), 1), (2, 1, (), 2), (4, 1, (), 2),
-                                                     (4, 2, (), 2), (2, 1, (), 3),
+# Stage 2 at DP=2 and TP=2 x DP=2; stage 3 at DP=2, at PP=2 x DP=2 below and at TP=2 x DP=2 in fp16
+# (test_fp16_zero_follows_the_single_process_fp16_run; a BERT's in tests/test_bert.py).
+@pytest.mark.parametrize("nproc, tp, layout, stage", [(2, 1, (), 1), (2, 1, (), 2), (4, 2, (), 2), (2, 1, (), 3),
                                                      (4, 1, PP2 + FULL_RECOMPUTE, 3)],
-                         ids=["zero1-dp2", "zero2-dp2", "zero2-dp4", "zero2-tp2xdp2",
-                              "zero3-dp2", "zero3-pp2xdp2-recompute"])
+                         ids=["zero1-dp2-no-decay", "zero2-dp2", "zero2-tp2xdp2", "zero3-dp2", "zero3-pp2xdp2-recompute"])
 def test_zero_reproduces_the_single_process_run(runs, nproc, tp, layout, stage):
-    found, save, log = runs(nproc, tp, *layout, *ZERO[stage], *STATISTICS)
-    reference, single_save, _ = runs(1, 1, *STATISTICS)
+    """Losses, grad norms, validation losses, Megatron's statistics and the end weights. Stage 1
+    without weight decay: at commit c3aa45a Adam gathered the previous step's pieces there (its
+    iteration 3 loss 8.299450 against 8.301030; see AdamW/SGD.assign_before_update)."""
+    flags = DP2_STAGE[stage] if nproc == 2 else ZERO[stage]
+    found, save, log = runs(nproc, tp, *layout, *flags, *STATISTICS)
+    reference, single_save, _ = runs(1, 1, *(REFERENCE[stage] if nproc == 2 else ()), *STATISTICS)
     assert f"ZeRO stage {stage}" in log
     assert_layout(save, tp=tp, world_size=nproc, pp=2 if layout else 1)
     assert_same_run(found, reference)
@@ -103,13 +109,10 @@ def test_zero_reproduces_the_single_process_run(runs, nproc, tp, layout, stage):
     assert_same_statistics(save, single_save, tp, vocab_size)
 
 
-@pytest.mark.parametrize("optimizer", [(), ("--optimizer", "sgd")], ids=["adam", "sgd-momentum"])
-def test_zero_gathers_the_updated_pieces_without_weight_decay(runs, optimizer):
-    """No parameter decayed: nothing but the update kernels writes the pieces before they are
-    gathered. At commit c3aa45a the Adam run gathered the previous step's pieces (its iteration 3
-    loss 8.299450 against 8.301030); see AdamW/SGD.assign_before_update."""
-    found, _, _ = runs(2, 1, *ZERO1, *NO_DECAY, *optimizer)
-    reference, _, _ = runs(1, 1, *NO_DECAY, *optimizer)
+def test_zero_gathers_the_updated_pieces_without_weight_decay(runs):
+    """SGD with momentum, no parameter decayed (Adam's case: zero1-dp2-no-decay above)."""
+    found, _, _ = runs(2, 1, *ZERO1, *NO_DECAY, *SGD)
+    reference, _, _ = runs(1, 1, *NO_DECAY, *SGD)
     assert_same_run(found, reference)
 
 
@@ -170,12 +173,12 @@ def test_a_checkpoint_resumes_across_zero_stages_and_data_parallel_sizes(runs, e
 @pytest.mark.parametrize("flags", [ZERO2 + STATISTICS, FP16 + MEGATRON_FSDP], ids=["zero2", "zero3-fp16"])
 def test_a_zero_checkpoint_converts_offline_as_any_other(runs, env, tmp_path, flags):
     """A ZeRO checkpoint holds whole tensors (the optimizer state too) and the metadata of an
-    unsharded run (every parameter's name, its tensor-parallel split: those of the TP=2 x DP=2 run
+    unsharded run (every parameter's name, its tensor-parallel split: those of the TP=2 run
     without ZeRO), so the offline converter takes the TP=2 x DP=2 ZeRO-2 and ZeRO-3 runs' to TP=1
     and back without knowing about ZeRO."""
     import numpy as np
     _, save, _ = runs(4, 2, *flags)
-    _, reference, _ = runs(4, 2, *STATISTICS)
+    _, reference, _ = runs(2, 2, "--sequence-parallel", *STATISTICS)
     for rank_dir in ("mp_rank_00", "mp_rank_01"):
         ours, theirs = (json.loads(Path(folder, "iter_0000012", rank_dir, "state.json").read_text())
                         for folder in (save, reference))
@@ -195,14 +198,14 @@ def test_a_zero_checkpoint_converts_offline_as_any_other(runs, env, tmp_path, fl
             np.testing.assert_array_equal(ours, value, err_msg=name)
 
 
-@pytest.mark.parametrize("nproc, stage", [(1, 0), (2, 1), (2, 2), (4, 2), (2, 3)])
+@pytest.mark.parametrize("nproc, stage", [(1, 0), (2, 1), (2, 2), (2, 3)])
 def test_each_rank_holds_what_the_memory_estimate_says(runs, nproc, stage):
     """Rank 0's weights, the gradients its optimizer is handed and its fp32 main parameters + Adam
     moments, measured from the tensors it holds, against the estimate (the optimizer's unsharded
     scalars: step count, learning rate) and the ZeRO paper's terms (fp32: 4 + 4 + 12 bytes, at
     stage 3 4 + 4 + 8: the fp32 pieces are the main parameters). Stage 3 cuts each parameter on its
     own: rank 0 holds ceil(size / N) elements of each, at most one per parameter more than ceil(Psi / N)."""
-    _, save, log = runs(nproc, 1, *ZERO[stage], *STATISTICS)
+    _, save, log = runs(nproc, 1, *(DP2_STAGE[stage] if stage else ()), *STATISTICS)
     weights, state = map(int, HELD.search(log).groups())
     gradients = int(HANDED.search(log).group(1))
     def flag(name):

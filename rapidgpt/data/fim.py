@@ -38,27 +38,29 @@ SENTINELS = ("prefix", "middle", "suffix", "pad", "eod")
 SPLIT_SEEDS = {"train": 0, "valid": 1, "test": 2}
 
 
+# Megatron's defaults of the flags that tune FIM (refused when given without --fim-data).
+FLAG_DEFAULTS = {"--fim-rate": 0.5, "--fim-spm-rate": 0.5, "--fim-split-sample": None, "--fim-fragment-rate": None,
+                 "--fim-no-prefix": None, "--fim-prefix-token": "<fim_prefix>", "--fim-middle-token": "<fim_middle>",
+                 "--fim-suffix-token": "<fim_suffix>", "--fim-pad-token": "<fim_pad>",
+                 "--fim-eod-token": "<|endoftext|>"}
+
+
 def add_fim_args(parser):
     g = parser.add_argument_group("fill-in-the-middle data", "Megatron's --fim-* flags (rapidgpt/data/fim.py)")
     g.add_argument("--fim-data", action="store_true",
                    help="turn GPT samples into fill-in-the-middle samples (PSM/SPM), as Megatron's GPTFIMDataset")
-    g.add_argument("--fim-rate", type=float, default=0.5, help="probability a segment gets FIM")
-    g.add_argument("--fim-spm-rate", type=float, default=0.5,
+    g.add_argument("--fim-rate", type=float, default=FLAG_DEFAULTS["--fim-rate"],
+                   help="probability a segment gets FIM")
+    g.add_argument("--fim-spm-rate", type=float, default=FLAG_DEFAULTS["--fim-spm-rate"],
                    help="probability a FIM segment is written suffix-prefix-middle (else prefix-suffix-middle)")
     g.add_argument("--fim-split-sample", default=None, metavar="TOKEN",
                    help="cut each segment at this token and give each fragment FIM apart")
     g.add_argument("--fim-fragment-rate", type=float, default=None,
                    help="with --fim-split-sample: probability each fragment gets FIM")
     g.add_argument("--fim-no-prefix", default=None, metavar="TEXT", help="no FIM for a segment whose text starts so")
-    for name, default in zip(SENTINELS, ("<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>",
-                                         "<|endoftext|>")):
+    for name in SENTINELS:
+        default = FLAG_DEFAULTS[f"--fim-{name}-token"]
         g.add_argument(f"--fim-{name}-token", default=default, help=f"the FIM {name} token (default {default})")
-
-
-FLAG_DEFAULTS = {"--fim-rate": 0.5, "--fim-spm-rate": 0.5, "--fim-split-sample": None, "--fim-fragment-rate": None,
-                 "--fim-no-prefix": None, "--fim-prefix-token": "<fim_prefix>", "--fim-middle-token": "<fim_middle>",
-                 "--fim-suffix-token": "<fim_suffix>", "--fim-pad-token": "<fim_pad>",
-                 "--fim-eod-token": "<|endoftext|>"}
 
 
 def _value(args, flag):
@@ -76,7 +78,8 @@ def check_fim_args(args, check):
         return
     for flag in ("--fim-rate", "--fim-spm-rate", "--fim-fragment-rate"):
         rate = _value(args, flag)
-        check.require(rate is None or 0.0 <= rate <= 1.0, f"{flag}: {rate} is not a probability; give a value in [0, 1]")
+        check.require(rate is None or 0.0 <= rate <= 1.0,
+                      f"{flag}: {rate} is not a probability; give a value in [0, 1]")
     check.require((args.fim_split_sample is None) == (args.fim_fragment_rate is None),
                   "--fim-split-sample: give it together with --fim-fragment-rate (the rate of FIM on each fragment)")
     check.require(not args.mock_data, "--fim-data: Megatron's --mock-data documents take the place of the FIM data "
@@ -184,5 +187,5 @@ def fim_config(args, tokenizer, warn):
                             f"the token the fragments are separated by")
     bos = getattr(tokenizer, "bos", None)
     return FIMConfig(rate=args.fim_rate, spm_rate=args.fim_spm_rate, detokenize=tokenizer.detokenize,
-                     tokenize=tokenizer.text_to_ids, special=frozenset(() if bos is None else (bos,)), split_token=split_token, fragment_rate=args.fim_fragment_rate,
-                     no_prefix=args.fim_no_prefix, **ids)
+                     tokenize=tokenizer.text_to_ids, special=frozenset(() if bos is None else (bos,)),
+                     split_token=split_token, fragment_rate=args.fim_fragment_rate, no_prefix=args.fim_no_prefix, **ids)

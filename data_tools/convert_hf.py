@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import convert_hf_bert  # noqa: E402
 import convert_hf_gpt2  # noqa: E402
 
-from rapidgpt.hf_conversion import check_conversion_targets, conversion_main  # noqa: E402
+from rapidgpt.hf_conversion import check_conversion_targets, check_exportable, conversion_main  # noqa: E402
 from rapidgpt.models import hf_llama  # noqa: E402
 from rapidgpt.models.hf_files import (CONFIG, SAFETENSORS, load_into_model, model_type,  # noqa: E402
                                       write_hf_config, write_safetensors)
@@ -107,6 +107,7 @@ def checkpoint_to_llama(load, hf_dir):
     from rapidgpt.pretrained import load_pretrained
     check_conversion_targets(hf_dir=hf_dir, load=load)
     metadata = read_metadata(find_checkpoint(load))
+    check_exportable(metadata["model"], load)
     flags = dict(metadata["model"])
     for name in ("attention_dropout", "init_method_std"):          # not model flags: the run's
         flags[name] = (metadata.get("args") or {}).get(name, flags.get(name))

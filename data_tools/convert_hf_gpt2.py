@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rapidgpt.hf_conversion import check_conversion_targets, conversion_main  # noqa: E402
+from rapidgpt.hf_conversion import check_conversion_targets, check_exportable, conversion_main  # noqa: E402
 from rapidgpt.models.hf_files import CONFIG, SAFETENSORS, load_into_model, write_hf_config, write_safetensors  # noqa: E402
 from rapidgpt.models.hf_gpt2 import (TOKENIZER_FILES, eod_id, flags_from_hf_config, flags_of_model,  # noqa: E402
                                      hf_config_from_flags, hf_to_rapidgpt, read_hf_folder, rapidgpt_to_hf,
@@ -68,6 +68,7 @@ def checkpoint_to_hf(load, hf_dir):
 
     check_conversion_targets(hf_dir=hf_dir, load=load)
     metadata = read_metadata(find_checkpoint(load))
+    check_exportable(metadata["model"], load)
     model = load_pretrained(load)
     flags = flags_of_model(model)
     saved_args = metadata.get("args") or {}

@@ -43,7 +43,9 @@ _COPIED_ARGS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_h
                 "position_embedding_type", "rotary_base", "rotary_percent", "rotary_interleaved", "use_rope_scaling",
                 "rope_scaling_factor", "normalization", "apply_layernorm_1p", "swiglu", "add_bias_linear",
                 "add_qkv_bias", "qk_layernorm", "untie_embeddings_and_output_weights", "init_method_std",
-                "hidden_dropout", "attention_dropout", "bias_gelu_fusion", "squared_relu")
+                "hidden_dropout", "attention_dropout", "bias_gelu_fusion", "squared_relu", "use_mup",
+                "mup_base_hidden_size", "mup_embedding_mult", "mup_output_mult", "mup_base_head_dim",
+                "mup_attn_scale_power")
 # Megatron args that, when set (not None, False or 0), make a model RapidGPT's GPT is not.
 _REFUSED_ARGS = (("num_experts", "mixture-of-experts layers are not built"),
                  ("multi_latent_attention", "multi-latent attention is not built"),
@@ -57,7 +59,6 @@ _REFUSED_ARGS = (("num_experts", "mixture-of-experts layers are not built"),
                  ("attention_output_gate", "a gated attention output is not built"),
                  ("experimental_attention_variant", "experimental attention variants are not built"),
                  ("window_size", "sliding-window attention is not built"),
-                 ("use_mup", "muP's scaled forward is not built"),
                  ("mrope_section", "multimodal RoPE is not built"),
                  ("rotary_seq_len_interpolation_factor", "RoPE position interpolation is not built"),
                  ("no_rope_freq", "layers without RoPE are not built"),

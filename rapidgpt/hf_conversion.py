@@ -20,6 +20,15 @@ def check_conversion_targets(save=None, hf_dir=None, load=None):
         raise HFConversionError(f"--load {load}: no such directory")
 
 
+def check_exportable(model_flags, load):
+    """Refuse a model no Hugging Face class computes: muP's (--use-mup) attention scale and
+    embedding and logit multipliers have no field in GPT-2's or the Llama family's config.json."""
+    if model_flags.get("use_mup"):
+        raise HFConversionError(f"--load {load}: the checkpoint's model was trained with --use-mup; its attention "
+                                f"scale and embedding and logit multipliers have no Hugging Face config field, so "
+                                f"it is not exported (load it with --load or --pretrained-checkpoint)")
+
+
 def run_converter(prog, convert):
     """`convert() -> (..., notes)`, its notes printed on stderr -> its other values; a user error
     (bad folder, checkpoint or flag) printed as one line -> None."""

@@ -26,6 +26,12 @@ KINDS = {
     "qk-layer-scaling": [*LLAMA, "--apply-query-key-layer-scaling"],
     # Nemotron's MLP: relu(x)^2, not gated, with the GPT's learned positions and biases
     "squared-relu": ["--squared-relu", "--normalization", "RMSNorm"],
+    # muP (width multiplier 3): the embeddings x2.5, scores x sqrt(4) / 8, logits x1/3
+    "mup": [*LLAMA, "--use-mup", "--mup-base-hidden-size", "16", "--mup-embedding-mult", "2.5",
+            "--mup-base-head-dim", "4"],
+    # muP on GPT-2's model (tied, learned positions): scores / 8^0.75, logits x0.7
+    "mup-gpt": ["--use-mup", "--mup-base-hidden-size", "24", "--mup-output-mult", "0.7",
+                "--mup-attn-scale-power", "0.75"],
 }
 BASE = ["--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40",
         "--seq-length", "24", "--max-position-embeddings", "128", "--vocab-size", "100",
@@ -109,6 +115,15 @@ def ref_logits(p, tokens, positions, flags, vocab, rnd=exact):
     x = p["word_embeddings.weight"][tokens]
     if flag(flags, "--position-embedding-type", "learned_absolute") == "learned_absolute":
         x = rnd(x + p["position_embeddings.weight"][positions])
+    # muP as Megatron-core's TransformerConfig derives it: multipliers, and the scores' scale
+    mup = "--use-mup" in flags
+    width_mult = h / flag(flags, "--mup-base-hidden-size", h) if mup else 1.0
+    output_mult = flag(flags, "--mup-output-mult", 1.0)
+    output_mult = 1 / width_mult if mup and output_mult == 1.0 else output_mult
+    scale = (math.sqrt(flag(flags, "--mup-base-head-dim", 1.0)) / d ** flag(flags, "--mup-attn-scale-power", 1.0)
+             if mup else 1 / math.sqrt(d))
+    if mup:
+        x = rnd(x * flag(flags, "--mup-embedding-mult", 1.0))
 
     def linear(a, weight, bias=None):
         y = rnd(a @ weight.T)
@@ -129,7 +144,7 @@ def ref_logits(p, tokens, positions, flags, vocab, rnd=exact):
         if "rope" in flags:
             q, k = ref_rope(q, positions, flags, rnd), ref_rope(k, positions, flags, rnd)
         k, v = np.repeat(k, r, axis=2), np.repeat(v, r, axis=2)              # transformers' repeat_kv
-        scores = rnd(np.einsum("bqnd,bknd->bnqk", q, k) / math.sqrt(d))
+        scores = rnd(np.einsum("bqnd,bknd->bnqk", q, k) * scale)
         scores = np.where(np.triu(np.ones((s, s), bool), 1), -np.inf, scores)
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs = rnd(probs / probs.sum(-1, keepdims=True))
@@ -148,7 +163,7 @@ def ref_logits(p, tokens, positions, flags, vocab, rnd=exact):
         x = rnd(x + linear(hidden, p[pre + "mlp.dense_4h_to_h.weight"], p.get(pre + "mlp.dense_4h_to_h.bias")))
     x = rnd(ref_norm(x, p, "final_layernorm", flags, eps))
     out = p.get("output_layer.weight", p["word_embeddings.weight"])
-    return linear(x, out)[..., :vocab]
+    return rnd(linear(x, out) * output_mult)[..., :vocab]
 
 
 def random_model(flags, rng):
@@ -228,11 +243,17 @@ def test_emulated_bf16_rounds_where_a_bf16_run_holds_bf16(kind):
 # over TP (were they not, the TP ranks' copies would drift apart and the end weights differ); the
 # loss per token (--calculate-per-token-loss: gradients divided by the tokens of every data-parallel
 # rank, counted on the last pipeline stage); the input embedding and the output layer on their own
-# learning-rate curve (--decoupled-lr, a ratio to the other rate that changes along the run). Run by
-# tests/conftest.py's `llama_runs` fixture (the TINY GPT's data, batch and schedule).
+# learning-rate curve (--decoupled-lr, a ratio to the other rate that changes along the run); muP at
+# width multiplier 2 (the hidden matrices on a third curve and with their own Adam eps, which ZeRO's
+# pieces must inherit from the matrices they are cut from; an --adam-eps large enough to show). Run
+# by tests/conftest.py's `llama_runs` fixture (the TINY GPT's data, batch and schedule).
 LAYOUT_MODEL = ("--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40", *LLAMA,
                 "--add-qkv-bias", "--qk-layernorm", "--calculate-per-token-loss", "--decoupled-lr", "2e-4",
-                "--decoupled-min-lr", "1e-4")
+                "--decoupled-min-lr", "1e-4", "--use-mup", "--mup-base-hidden-size", "24", "--adam-eps", "1e-4")
+# The fp16 pair below runs the model without muP. Its overflows come from the fp16 sum of the
+# per-token losses at scales 4096-8192, decided by that sum's rounding: with muP the TP=2 x DP=2 run
+# skipped iteration 12 where one process skipped 10 (measured), the other values alike.
+FP16_MODEL = LAYOUT_MODEL[:LAYOUT_MODEL.index("--use-mup")]
 PP2 = ("--pipeline-model-parallel-size", "2")
 ZERO3 = ("--zero-3-memory-optimization",)
 SP = ("--sequence-parallel",)
@@ -249,7 +270,7 @@ SELECTIVE = ("--recompute-granularity", "selective")
 FP16 = ("--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3")
 LLAMA_RUNS = ([(1, 1, *LAYOUT_MODEL)] + [(nproc, tp, *LAYOUT_MODEL, *flags) for nproc, tp, *flags in LAYOUTS.values()]
               + [(2, 2, *LAYOUT_MODEL, *LAYOUTS["tp2-sp"][2:], *SELECTIVE)]
-              + [(1, 1, *LAYOUT_MODEL, *FP16), (4, 2, *LAYOUT_MODEL, *FP16)])
+              + [(1, 1, *FP16_MODEL, *FP16), (4, 2, *FP16_MODEL, *FP16)])
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -345,11 +366,39 @@ def test_llama_fp16_on_tp2_x_dp2_follows_the_single_process_fp16_run(llama_runs)
     norms and validation losses within 5e-3 of one process's fp16 run, the same iterations skipped
     at the same loss scales."""
     from test_parallel import SCALES, assert_close_run, skipped
-    found, _, log = llama_runs(4, 2, *LAYOUT_MODEL, *FP16)
-    reference, _, reference_log = llama_runs(1, 1, *LAYOUT_MODEL, *FP16)
+    found, _, log = llama_runs(4, 2, *FP16_MODEL, *FP16)
+    reference, _, reference_log = llama_runs(1, 1, *FP16_MODEL, *FP16)
     assert 0 < len(skipped(reference_log)) < 12 and skipped(log) == skipped(reference_log)
     assert SCALES.findall(log) == SCALES.findall(reference_log)
     assert_close_run(found, reference, 5e-3)
+
+
+def test_mup_initializes_as_megatron_core():
+    """--use-mup at width multiplier 4: Megatron-core's init (TransformerConfig.__post_init__):
+    the layers' matrices N(0, std / sqrt(4)), their output projections N(0, std / (sqrt(2 L)
+    sqrt(4))), the embeddings and the untied output layer N(0, std); measured on 16k-64k draws."""
+    from rapidgpt.arguments import parse_args
+    from rapidgpt.models.gpt import build_gpt_model
+    from rapidgpt.parallel.random import initialize_parameters
+    std, layers, width_mult = 0.05, 3, 4
+    args = parse_args(argv=["--num-layers", str(layers), "--hidden-size", "128", "--num-attention-heads", "4",
+                            "--seq-length", "16", "--max-position-embeddings", "128", "--vocab-size", "256",
+                            "--train-iters", "1", "--init-method-std", str(std), "--untie-embeddings-and-output-weights",
+                            "--use-mup", "--mup-base-hidden-size", "32"])
+    model = build_gpt_model(args, 256)
+    initialize_parameters(model, seed=1234)
+    expected = {"word_embeddings.weight": std, "position_embeddings.weight": std, "output_layer.weight": std,
+                "query_key_value.weight": std / math.sqrt(width_mult),
+                "dense_h_to_4h.weight": std / math.sqrt(width_mult),
+                "self_attention.dense.weight": std / math.sqrt(2 * layers) / math.sqrt(width_mult),
+                "dense_4h_to_h.weight": std / math.sqrt(2 * layers) / math.sqrt(width_mult)}
+    seen = set()
+    for name, param in model.parameters_and_names():
+        for suffix, wanted in expected.items():
+            if name.endswith(suffix):
+                assert np.std(param.asnumpy()) == pytest.approx(wanted, rel=0.03), name
+                seen.add(suffix)
+    assert seen == set(expected)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -365,6 +414,14 @@ def test_llama_fp16_on_tp2_x_dp2_follows_the_single_process_fp16_run(llama_runs)
     (("--use-rope-scaling",), "--use-rope-scaling: scales rotary embeddings; add --position-embedding-type rope"),
     (("--tensor-model-parallel-size", "2", "--zero-3-memory-optimization"), "--sequence-parallel: not with ZeRO-3"),
     (("--squared-relu", "--swiglu"), "--squared-relu: not with --swiglu (the gated MLP's activation is SiLU)"),
+    (("--mup-base-hidden-size", "16", "--mup-output-mult", "2"),
+     "--mup-base-hidden-size, --mup-output-mult: muP's settings; add --use-mup"),
+    (("--use-mup", "--mup-base-hidden-size", "0"), "--mup-base-hidden-size: must be positive, got 0"),
+    (("--use-mup", "--mup-base-hidden-size", "16", "--mup-width-mult", "2"),
+     "--mup-width-mult: 2 contradicts --hidden-size 48 / --mup-base-hidden-size 16; drop it"),
+    (("--use-mup", "--model-type", "bert"), "--use-mup: built for GPT models"),
+    (("--use-mup", "--pretrained-model-name-or-path", str(Path(__file__).parent / "fixtures" / "hf_llama_tiny")),
+     "--use-mup: changes the attention scale and the logits of a Hugging Face model"),
 ])
 def test_architecture_flags_are_checked_with_one_line_each(flags, message):
     from rapidgpt.arguments import build_parser, validate_args

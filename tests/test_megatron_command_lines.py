@@ -56,6 +56,12 @@ FIM_CONFIG = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads
               "--log-memory-to-tensorboard", "--fim-data", "--fim-rate", "0.5", "--fim-spm-rate", "0.5", "--async-save",
               "--use-persistent-ckpt-worker"]
 
+# gpt3_mcore_te_tp1_pp1_mup: the same flags as the FIM test's but --fim-*, with --no-mmap-bin-files and muP
+# (hidden 512 over base 256 there, 32 over 16 here: width multiplier 2).
+MUP_CONFIG = FIM_CONFIG[:FIM_CONFIG.index("--fim-data")] + ["--async-save", "--use-persistent-ckpt-worker",
+                                                           "--no-mmap-bin-files", "--use-mup", "--mup-base-hidden-size",
+                                                           "16"]
+
 # Megatron's examples/pretrain_gpt.sh and pretrain_bert.sh (v2-v3), sizes made tiny, paths local.
 OLD_GPT = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--micro-batch-size", "4",
            "--global-batch-size", "8", "--seq-length", "64", "--max-position-embeddings", "64", "--train-iters", "4",
@@ -175,6 +181,9 @@ def old_scripts(env, tmp_path_factory):
     lines["fim"] = ["--task", "pretraining", *FIM_CONFIG, "--data-path", gpt["data_prefix"], "--vocab-file",
                     gpt["vocab_file"], "--merge-file", gpt["merge_file"], "--data-cache-path", str(folder / "fim_cache"),
                     "--load", str(folder / "fim_ckpt")]
+    lines["mup"] = ["--task", "pretraining", *MUP_CONFIG, "--data-path", gpt["data_prefix"], "--vocab-file",
+                    gpt["vocab_file"], "--merge-file", gpt["merge_file"], "--data-cache-path", str(folder / "mup_cache"),
+                    "--load", str(folder / "mup_ckpt")]
     runs = BatchedRuns(env, folder, [(1, argv) for argv in lines.values()])
     return {name: runs(1, argv)[:2] for name, argv in lines.items()}
 
@@ -214,4 +223,18 @@ def test_megatrons_fim_functional_test_trains(old_scripts):
     assert status == 0, log[-3000:]
     assert re.findall(r" iteration\s+(\d+)/\s*4 \|", log) == ["1", "2", "3", "4"], log[-3000:]
     assert "WARNING: --fim-prefix-token '<fim_prefix>', --fim-middle-token '<fim_middle>'" in log
+    assert "validation loss at the end of training for val data" in log
+
+
+def test_megatrons_mup_functional_test_trains(old_scripts):
+    """--use-mup --mup-base-hidden-size at width multiplier 2 with Adam: the run says what muP
+    scales (the hidden matrices' rate and eps by 1/2; logits by 1/2, attention by 1 / kv_channels)
+    and trains."""
+    status, log = old_scripts["mup"]
+    assert status == 0, log[-3000:]
+    assert re.findall(r" iteration\s+(\d+)/\s*4 \|", log) == ["1", "2", "3", "4"], log[-3000:]
+    assert (" > muP: width multiplier 2, attention scale 0.125, embeddings x1, logits x0.5, hidden matrices' lr "
+            "and Adam eps x0.5") in log
+    assert " > muP's lr x0.5 for layers.*.mlp.dense_4h_to_h.weight, layers.*.mlp.dense_h_to_4h.weight, " \
+           "layers.*.self_attention.dense.weight, layers.*.self_attention.query_key_value.weight" in log
     assert "validation loss at the end of training for val data" in log

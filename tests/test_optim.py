@@ -279,6 +279,76 @@ def test_decoupled_lr_updates_the_embedding_and_output_layer_at_their_rate(kind,
     np.testing.assert_allclose(opt.learning_rate.asnumpy(), rates[-1], rtol=1e-6)
 
 
+def megatron_mup_group(name, ndim, optimizer, width_mult, decoupled):
+    """(the group's rate: "lr" or "decoupled", its multiplier, the eps multiplier) of a parameter:
+    Megatron's get_mup_config_overrides (d98e8a6) restated. LanguageModule marks the embedding's
+    parameters and the output layer's weight is_embedding_parameter; is_embedding_or_output_parameter
+    marks the word embeddings and the output layer; vector-like = embedding or at most 1-D."""
+    embedding_or_output = name.endswith(("word_embeddings.weight", "output_layer.weight"))
+    vector_like = embedding_or_output or "embeddings." in name or ndim <= 1
+    if decoupled and embedding_or_output:
+        return "decoupled", 1.0, 1.0 if vector_like or optimizer == "sgd" else 1 / width_mult
+    if optimizer == "sgd":
+        return "lr", width_mult if vector_like else 1.0, 1.0
+    return "lr", 1.0 if vector_like else 1 / width_mult, 1.0 if vector_like else 1 / width_mult
+
+
+@pytest.mark.parametrize("decoupled", [False, True], ids=["", "decoupled"])
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+def test_mup_scales_megatrons_parameter_classes_also_in_zero_pieces(kind, decoupled):
+    """--use-mup at width multiplier 4 (rapidgpt/config/mup.py): each parameter's rate follows
+    Megatron's rule for its class (Adam: hidden matrices lr / 4 and eps / 4; SGD: vector-like
+    parameters lr x 4; --decoupled-lr's parameters keep it), each rate on its own curve from the
+    scheduler (the same warmup start, max and min times the multiplier): the torch updates of each
+    parameter at its rate and eps (0.3: large enough to matter). The same optimizer over flat 1-D pieces of the parameters
+    (ZeRO's), given the parameters as their owners, updates every element alike."""
+    rng = np.random.default_rng(0)
+    names = ["word_embeddings.weight", "position_embeddings.weight", "layers.0.mlp.dense_h_to_4h.weight",
+             "layers.0.input_layernorm.gamma", "output_layer.weight", "layers.0.mlp.dense_h_to_4h.bias"]
+    shapes = [(5, 3), (4, 3), (3, 3), (3,), (5, 3), (3,)]
+    values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = step_grads(shapes)
+    sched = OptimizerParamScheduler(0.5, 0.05, 8, 40, "cosine", init_lr=0.01, decoupled_lr=0.3 if decoupled else None,
+                                    mup_lr_mult=4.0 if kind == "sgd" else 0.25)
+    rates = []
+    for _ in LRS:
+        rates.append(sched.get_lrs())
+        sched.step(8)
+    hyper = dict(lr=0.5, weight_decay=0.1, decoupled_lr=decoupled, mup_width_mult=4.0)
+    results = []
+    for pieces in (False, True):
+        params = [Parameter(Tensor(v), name=n) for v, n in zip(values, names)]
+        owners = params
+        if pieces:
+            params = [Parameter(Tensor(v.reshape(-1)), name="zero_shard." + n) for v, n in zip(values, names)]
+        opt = (AdamW(params, betas=(0.9, 0.95), eps=0.3, owners=owners, **hyper) if kind == "adam"
+               else SGD(params, momentum=0.9, owners=owners, **hyper))
+
+        @ms.jit
+        def jitted(grads, lr):
+            opt(grads, lr)
+        for step, rate in zip(grads, rates):
+            jitted(ms.mutable(tuple(Tensor(g.reshape(p.shape)) for g, p in zip(step, params))),
+                   Tensor(rate, ms.float32))
+        results.append([p.asnumpy().reshape(v.shape) for p, v in zip(params, values)])
+    for i, name in enumerate(names):
+        group, mult, eps_mult = megatron_mup_group(name, len(shapes[i]), kind, 4.0, decoupled)
+        n_steps = np.arange(len(LRS)) * 8
+        if group == "decoupled":
+            own = [rate[1] for rate in rates]
+            expected_rates = [megatron_lr(n, 0.3, 0.05, 8, 40, "cosine", 0.01) for n in n_steps]
+        else:
+            own = [rate[[0, 2][mult != 1.0] if decoupled else [0, 1][mult != 1.0]] for rate in rates]
+            expected_rates = [megatron_lr(n, 0.5 * mult, 0.05 * mult, 8, 40, "cosine", 0.01) for n in n_steps]
+        assert own == pytest.approx(expected_rates, rel=1e-12), name
+        decay = [0.0 if len(shapes[i]) == 1 else 0.1]
+        column = [[step[i]] for step in grads]
+        expected = (numpy_adamw([values[i]], column, own, (0.9, 0.95), 0.3 * eps_mult, decay)[0] if kind == "adam"
+                    else numpy_sgd([values[i]], column, own, 0.9, decay))[0]
+        np.testing.assert_allclose(results[0][i], expected, rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(results[1][i], results[0][i], err_msg=f"{name}: pieces")
+
+
 def test_adamw_state_names_and_default_filter():
     params = make_params()
     opt = AdamW(params)

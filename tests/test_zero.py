@@ -245,6 +245,7 @@ def test_zero_steps_a_users_model_as_the_unsharded_wrapper(shard_gradients):
     from rapidgpt.config.precision import PrecisionConfig
     from rapidgpt.optim import AdamW, OptimizerWrapper
     from rapidgpt.optim.distributed_optimizer import DistributedOptimizerWrapper
+    from rapidgpt.optim.mixed_precision import _piece_optimizer
 
     precision = PrecisionConfig(params_dtype="float16", loss_scale=1.0)
     wrappers = []
@@ -254,8 +255,8 @@ def test_zero_steps_a_users_model_as_the_unsharded_wrapper(shard_gradients):
         for param in model.get_parameters():
             param.set_dtype(ms.float16)
         inner = AdamW(model.trainable_params(), lr=1e-2, weight_decay=0.1)
-        wrappers.append(DistributedOptimizerWrapper(inner.parameters, inner.with_parameters, inner.weight_decays,
-                                                    precision, 1.0, shard_gradients) if sharded
+        wrappers.append(DistributedOptimizerWrapper(inner.parameters, _piece_optimizer(inner, None), precision, 1.0,
+                                                    shard_gradients) if sharded
                         else OptimizerWrapper.around(inner, 1.0, precision))
     assert wrappers[1].gradient_layout is (wrappers[1].plan if shard_gradients else None)
     assert_steps_alike(*wrappers, flat_grads=shard_gradients)

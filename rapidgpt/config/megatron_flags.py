@@ -215,7 +215,6 @@ REFUSED = [
     ("distributing the recomputed layers' saved inputs over the TP ranks is not built (--sequence-parallel "
      "splits them)", ("--distribute-saved-activations",), ()),
     ("the Muon and Lion optimizers are not built (--optimizer adam or sgd)", ("--muon-*", "--lion-*"), ()),
-    ("muP (maximal update parametrization) is not built", ("--use-mup", "--mup-*"), ()),
     ("this RoPE variant is not built (RoPE with --rotary-base, --rotary-percent, --rotary-interleaved, and "
      "Llama 3.1's --use-rope-scaling)",
      ("--yarn-*", "--no-yarn-*", "--rotary-seq-len-interpolation-factor", "--no-rope-freq", "--mrope-section",

@@ -22,6 +22,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from rapidgpt.config.mup import MupConfig
+
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 # Flags that change the model's parameters or its function: recorded in checkpoints
@@ -32,7 +34,9 @@ ARCHITECTURE_FLAGS = ("position_embedding_type", "rotary_base", "rotary_percent"
                       "normalization", "apply_layernorm_1p", "swiglu", "squared_relu", "group_query_attention",
                       "num_query_groups",
                       "kv_channels",
-                      "add_bias_linear", "add_qkv_bias", "qk_layernorm", "bias_gelu_fusion")
+                      "add_bias_linear", "add_qkv_bias", "qk_layernorm", "bias_gelu_fusion",
+                      "use_mup", "mup_base_hidden_size", "mup_embedding_mult", "mup_output_mult", "mup_base_head_dim",
+                      "mup_attn_scale_power")
 
 
 def add_architecture_args(parser):
@@ -177,6 +181,8 @@ class TransformerConfig:
     activation: str = "gelu_tanh"         # of the MLP without --swiglu: gelu_tanh, gelu (exact) or squared_relu
     # Which layers each pipeline stage builds (rapidgpt/config/pipeline_split.py); None: evenly.
     pipeline_split: object = None
+    # --use-mup's init, attention scale and multipliers (rapidgpt/config/mup.py); none by default.
+    mup: MupConfig = MupConfig()
 
     def __post_init__(self):
         if self.kv_channels is None:
@@ -195,9 +201,15 @@ class TransformerConfig:
         return dataclasses.replace(config, activation=activation)
 
     @property
+    def hidden_init_std(self):
+        """The init std of the layers' other matrices (muP: divided by sqrt(width multiplier))."""
+        return self.init_method_std / math.sqrt(self.mup.width_mult)
+
+    @property
     def output_init_std(self):
-        """Megatron's scaled init of the layers that write into the residual stream."""
-        return self.init_method_std / math.sqrt(2.0 * self.num_layers)
+        """Megatron's scaled init of the layers that write into the residual stream (muP: divided
+        by sqrt(width multiplier) too)."""
+        return self.hidden_init_std / math.sqrt(2.0 * self.num_layers)
 
     @property
     def qkv_bias(self):

@@ -6,7 +6,8 @@ default, the Llama family by flags), a final norm, the output layer tied to the 
 Megatron's GPTModel does, the per-token cross-entropy `[b, s]` when labels are given, otherwise
 the logits `[b, s, vocab]` over the TRUE vocabulary: rows added by vocabulary padding
 (`--make-vocab-size-divisible-by`) are never part of the softmax, the loss or the returned logits.
-With `--untie-embeddings-and-output-weights` the output layer has its own weights.
+With `--untie-embeddings-and-output-weights` the output layer has its own weights. With --use-mup
+the embeddings' output and the logits are multiplied by muP's multipliers (rapidgpt/config/mup.py).
 `position_ids` `[b, s]` default to 0..s-1 for every sequence (Megatron's data pipeline passes them,
 with --reset-position-ids restarting them at document boundaries).
 
@@ -87,6 +88,7 @@ class GPTModel(LanguageModelStage):
             self.word_embeddings = stage_word_embeddings(padded_vocab_size, vocab_size, h, std, self.pre_process,
                                                          tied_to_output=not self.untied)
         self.learned_positions = config.position_embedding_type == "learned_absolute"
+        self.embedding_mult = config.mup.embedding_mult
         sp = self.sequence_parallel = config.sequence_parallel and get_tensor_model_parallel_world_size() > 1
         if self.pre_process:
             if self.learned_positions:
@@ -103,7 +105,7 @@ class GPTModel(LanguageModelStage):
                 self.gather_sequence = SubCell(GatherFromSequenceParallelRegion(reduce_grad=False))
             self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
                                                       drawn_rows=vocab_size) if self.untied else None)
-            self.head = LanguageModelHead(vocab_size, padded_vocab_size)
+            self.head = LanguageModelHead(vocab_size, padded_vocab_size, config.mup.output_mult)
 
     def output_weight(self):
         layer = self.output_layer if self.untied else self.word_embeddings
@@ -130,9 +132,12 @@ class GPTModel(LanguageModelStage):
         return self.gather_sequence(x) if self.sequence_parallel else x
 
     def embed(self, tokens, position_ids):
-        """`[b, s]` -> `[b, s, h]`: the word embeddings, plus the learned positions' when there are."""
+        """`[b, s]` -> `[b, s, h]`: the word embeddings, plus the learned positions' when there are
+        (times --mup-embedding-mult with --use-mup)."""
         x = self.word_embeddings(tokens)
-        return self.rounded(x + self.position_embeddings(position_ids)) if self.learned_positions else x
+        if self.learned_positions:
+            x = self.rounded(x + self.position_embeddings(position_ids))
+        return self.rounded(x * self.embedding_mult) if self.embedding_mult != 1.0 else x
 
     def logits(self, x):
         """`[b, s, h]` final hidden states -> `[b*s, vocab]` logits over the true vocabulary."""
@@ -185,9 +190,10 @@ class LanguageModelHead(RoundsToBf16, nn.Cell):
     (rapidgpt/training/model_transforms.py, compile_pipeline_stage).
     """
 
-    def __init__(self, vocab_size, padded_vocab_size):
+    def __init__(self, vocab_size, padded_vocab_size, output_mult=1.0):
         super().__init__()
         self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
+        self.output_mult = output_mult              # muP's logit multiplier (rapidgpt/config/mup.py)
         self.logits_matmul = ops.MatMul(transpose_b=True)
         self.tp = get_tensor_model_parallel_world_size()
         if self.tp > 1:
@@ -197,14 +203,16 @@ class LanguageModelHead(RoundsToBf16, nn.Cell):
             self.cross_entropy = VocabParallelCrossEntropy(get_tensor_model_parallel_rank() * rows, rows, vocab_size)
 
     def parallel_logits(self, x, weight, bias=None):
-        """`[b, s, h]` -> `[b*s, padded / tp]` fp32: this rank's vocabulary slice (a 16-bit model's
-        product cast to fp32: the softmax and the loss are computed in fp32). `bias`: this rank's
+        """`[b, s, h]` -> `[b*s, padded / tp]` fp32: this rank's vocabulary slice, times `output_mult`
+        (a 16-bit model's product cast to fp32: the softmax and the loss are computed in fp32). `bias`: this rank's
         slice `[padded / tp]` of an output bias (BERT's), or None."""
         b, s, h = x.shape
         x = x.reshape(b * s, h)
         if self.tp > 1:
             x = self.copy_to_region(x)
         logits = self.rounded(self.logits_matmul(x, weight))    # emulated bf16: bf16 logits, as a bf16 run's
+        if self.output_mult != 1.0:                              # in the model's dtype, as Megatron's _scale_logits
+            logits = self.rounded(logits * self.output_mult)
         if bias is not None:
             logits = self.rounded(logits + bias)
         return logits if logits.dtype == ms.float32 else logits.astype(ms.float32)

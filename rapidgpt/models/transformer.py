@@ -14,7 +14,7 @@ order; with ng = np that is `[np, 3, hn]`). A TP split of the rows keeps each gr
 --num-query-groups must be divisible by TP. Query head j of group g is head g * r + j, which uses
 the group's key/value (transformers' `repeat_kv`). With --qk-layernorm each head's q and k are
 normalised over hn, then rotated (RoPE, rapidgpt/models/rotary.py); the core attention (its own
-cell, what selective recompute recomputes): scores `q k^T / sqrt(hn)` get the causal mask (and,
+cell, what selective recompute recomputes): scores `q k^T / sqrt(hn)` (--use-mup: its scale) get the causal mask (and,
 with --reset-attention-mask, the batch's document mask) filled with -10000 as Megatron does,
 softmax (in fp32 for fp32 models and with --attention-softmax-in-fp32, else in the model's 16-bit
 dtype, as Megatron; --apply-query-key-layer-scaling: see CoreAttention), attention dropout, probabilities x values; then the RowParallelLinear output
@@ -25,7 +25,8 @@ MLP: ColumnParallelLinear h -> ffn, tanh-GELU (GPT-2's `gelu_new`, Megatron's fu
 exact GELU for BERT, and as Megatron with --no-bias-gelu-fusion or --disable-bias-linear; relu(x)^2
 with --squared-relu), RowParallelLinear ffn -> h; with --swiglu the up projection holds two stacked matrices `[2, ffn,
 h]` (gate, then up; split together over TP) and the MLP is `down(silu(x W_gate) * (x W_up))`.
-Output projections use Megatron's scaled init std / sqrt(2 * num_layers). --disable-bias-linear
+Output projections use Megatron's scaled init std / sqrt(2 * num_layers) (with --use-mup the
+matrices' init is divided by sqrt(width multiplier) too, rapidgpt/config/mup.py). --disable-bias-linear
 drops the linear layers' biases (--add-qkv-bias keeps the q/k/v one).
 
 Sequence parallelism (--sequence-parallel, with TP): the norms, dropouts and residual additions
@@ -84,7 +85,8 @@ class CoreAttention(RoundsToBf16, nn.Cell):
         self.attention_dropout = Dropout(config.attention_dropout, partition_dim=1)   # heads are split
         self.scores = ops.BatchMatMul(transpose_b=True)
         self.coeff = layer_number if config.apply_query_key_layer_scaling else None
-        self.scale = 1.0 / (math.sqrt(head_dim) * (self.coeff or 1))
+        # 1 / sqrt(hn), or muP's scale (rapidgpt/config/mup.py)
+        self.scale = (config.mup.softmax_scale or 1.0 / math.sqrt(head_dim)) / (self.coeff or 1)
         self.softmax_in_fp32 = config.attention_softmax_in_fp32
 
     def construct(self, q, k, v, mask):
@@ -132,7 +134,7 @@ class ParallelAttention(RoundsToBf16, nn.Cell):
         qkv_rows = config.num_query_groups * (self.heads_per_group + 2) * hn
         sp = config.sequence_parallel
         self.query_key_value = ColumnParallelLinear(config.hidden_size, qkv_rows, bias=config.qkv_bias,
-                                                    init_std=config.init_method_std, sequence_parallel=sp)
+                                                    init_std=config.hidden_init_std, sequence_parallel=sp)
         self.dense = RowParallelLinear(config.num_attention_heads * hn, config.hidden_size,
                                        bias=config.add_bias_linear, init_std=config.output_init_std,
                                        sequence_parallel=sp)
@@ -220,7 +222,7 @@ class ParallelMLP(RoundsToBf16, nn.Cell):
         self.swiglu = config.swiglu
         stacked = 2 if config.swiglu else 1
         self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, stacked * config.ffn_hidden_size,
-                                                  bias=config.add_bias_linear, init_std=config.init_method_std,
+                                                  bias=config.add_bias_linear, init_std=config.hidden_init_std,
                                                   stacked=stacked, sequence_parallel=config.sequence_parallel)
         self.dense_4h_to_h = RowParallelLinear(config.ffn_hidden_size, config.hidden_size,
                                                bias=config.add_bias_linear, init_std=config.output_init_std,

@@ -8,8 +8,13 @@ which is saved with the optimizer state.
 Weight decay follows Megatron's parameter groups: biases and 1-D parameters (LayerNorm/RMSNorm
 weights and biases) get none; pass `no_decay_filter` to choose differently.
 
-With `decoupled_lr=True` (--decoupled-lr) the rate is a Tensor of two, `(lr, decoupled lr)`: the
-second is the rate of the input embedding and the output layer (`megatron_decoupled_lr`).
+Learning-rate groups: the rate is a Tensor of one rate per group, in the order the scheduler's
+`get_lrs()` gives them (rapidgpt/optim/lr_scheduler.py): --lr; with `decoupled_lr=True`
+(--decoupled-lr) the input embedding's and the output layer's (`megatron_decoupled_lr`); with
+`mup_width_mult` != 1 (--use-mup, rapidgpt/config/mup.py) muP's scaled class (`mup_vector_like`:
+Adam's hidden matrices, SGD's vector-like parameters), whose Adam eps is divided by the multiplier
+too. A parameter's groups (decay, rate, eps) are read from its `owner`: itself, or under --fp16 and
+ZeRO the model parameter that a main copy or a piece stands for (`with_parameters`).
 """
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
@@ -34,6 +39,14 @@ def megatron_decoupled_lr(param):
 
 
 DECOUPLED_LR_NAMES = ("word_embeddings.weight", "output_layer.weight")
+# The embeddings and the output layer: vector-like for muP (Megatron's is_embedding_parameter).
+MUP_EMBEDDING_NAMES = DECOUPLED_LR_NAMES + ("position_embeddings.weight",)
+
+
+def mup_vector_like(param):
+    """muP's vector-like parameters (Megatron's is_vector_like_parameter): the embeddings, the output
+    layer and every 1-D parameter (norms, biases); every other parameter is a hidden matrix."""
+    return param.ndim <= 1 or param.name.endswith(MUP_EMBEDDING_NAMES)
 
 
 def weight_decays_of(params, weight_decay, no_decay_filter=None):
@@ -44,9 +57,11 @@ def weight_decays_of(params, weight_decay, no_decay_filter=None):
 
 
 class _Optimizer(nn.Cell):
-    """What AdamW and SGD share: the parameter tuple, per-parameter weight decay, the lr Parameter."""
+    """What AdamW and SGD share: the parameter tuple, each parameter's groups (weight decay, rate,
+    eps multiplier) read from `owners` (default the parameters themselves), the lr Parameter."""
 
-    def __init__(self, params, lr, weight_decay, no_decay_filter, decoupled_lr=False):
+    def __init__(self, params, lr, weight_decay, no_decay_filter, decoupled_lr=False, mup_width_mult=1.0,
+                 owners=None):
         # auto_prefix=False: registering the state must not rename the model's parameters.
         super().__init__(auto_prefix=False)
         self.parameters = ParameterTuple(params)
@@ -59,12 +74,21 @@ class _Optimizer(nn.Cell):
             raise ValueError(f"parameter names must be unique, repeated: {duplicates}")
         if lr < 0 or weight_decay < 0:
             raise ValueError(f"--lr ({lr}) and --weight-decay ({weight_decay}) must be >= 0")
-        # Python floats: constants folded into the compiled graph.
-        self.weight_decays = weight_decays_of(self.parameters, weight_decay, no_decay_filter)
-        self.learning_rate = Parameter(Tensor([lr, lr] if decoupled_lr else lr, ms.float32), name="learning_rate",
+        owners = self.parameters if owners is None else tuple(owners)
+        if len(owners) != len(self.parameters):
+            raise ValueError(f"{len(owners)} owners for {len(self.parameters)} parameters")
+        # Python floats and ints: constants folded into the compiled graph.
+        self.weight_decays = weight_decays_of(owners, weight_decay, no_decay_filter)
+        self.mup_width_mult = float(mup_width_mult)
+        mup_slot = 1 + int(decoupled_lr) if self.mup_width_mult != 1.0 else None
+        rates = 1 + int(decoupled_lr) + int(mup_slot is not None)
+        self.learning_rate = Parameter(Tensor([lr] * rates if rates > 1 else lr, ms.float32), name="learning_rate",
                                        requires_grad=False)
         # Each parameter's index into the rate (Python constants), or None: one rate for all.
-        self.lr_slots = tuple(int(megatron_decoupled_lr(p)) for p in self.parameters) if decoupled_lr else None
+        self.lr_slots = None if rates == 1 else tuple(
+            1 if decoupled_lr and megatron_decoupled_lr(o) else mup_slot if self._mup_lr_scaled(o) else 0
+            for o in owners)
+        self.mup_eps = tuple(self._mup_eps_scaled(o) for o in owners)     # eps / width multiplier
         # Set under ZeRO (rapidgpt/optim/mixed_precision.py), whose wrapper reads the pieces right
         # after the update to gather them: every parameter is then written by an assign before its
         # update kernel (p *= 1 - lr*wd, exact at wd = 0). MindSpore 2.10 does not reliably order
@@ -79,16 +103,21 @@ class _Optimizer(nn.Cell):
         # Not otherwise: a mapped update is not ordered before later reads (rapidgpt/tensor_tuples.py).
         self.update_mapped = False
 
-    def with_parameters(self, params, weight_decays=None):
-        """This optimizer (hyper-parameters, each parameter's weight decay) over `params`, which
-        correspond one to one to `self.parameters` (e.g. their fp32 main copies under --fp16), or
-        have their own `weight_decays` (pieces of the parameters under ZeRO)."""
-        twin = type(self)(params, **self.hyperparameters)
-        if weight_decays is None and len(twin.parameters) != len(self.parameters):
+    def _mup_lr_scaled(self, owner):
+        """Whether muP scales `owner`'s rate (the class each optimizer scales; none without muP)."""
+        return False
+
+    def _mup_eps_scaled(self, owner):
+        """Whether muP divides `owner`'s eps by the width multiplier."""
+        return False
+
+    def with_parameters(self, params, owners=None):
+        """This optimizer (its hyper-parameters) over `params`, each in the groups of the parameter
+        of `owners` it stands for: by default `self.parameters`, one to one (their fp32 main copies
+        under --fp16); under ZeRO each piece's model parameter."""
+        if owners is None and len(params) != len(self.parameters):
             raise ValueError(f"with_parameters: {len(params)} parameters for an optimizer of {len(self.parameters)}")
-        twin.weight_decays = self.weight_decays if weight_decays is None else tuple(weight_decays)
-        twin.assign_before_update = weight_decays is not None
-        return twin
+        return type(self)(params, owners=self.parameters if owners is None else owners, **self.hyperparameters)
 
     def _update_lr(self, lr):
         """Store `lr` (a Tensor, or None to keep the current rate) and return the rate to use."""
@@ -119,13 +148,14 @@ class AdamW(_Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, no_decay_filter=None,
-                 decoupled_lr=False):
-        super().__init__(params, lr, weight_decay, no_decay_filter, decoupled_lr)
+                 decoupled_lr=False, mup_width_mult=1.0, owners=None):
+        super().__init__(params, lr, weight_decay, no_decay_filter, decoupled_lr, mup_width_mult, owners)
         if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1) or eps <= 0:
             raise ValueError(f"AdamW needs 0 <= --adam-beta1, --adam-beta2 < 1 and --adam-eps > 0, "
                              f"got betas={betas}, eps={eps}")
         self.hyperparameters = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                    no_decay_filter=no_decay_filter, decoupled_lr=decoupled_lr)
+                                    no_decay_filter=no_decay_filter, decoupled_lr=decoupled_lr,
+                                    mup_width_mult=mup_width_mult)
         self.beta1 = Tensor(betas[0], ms.float32)
         self.beta2 = Tensor(betas[1], ms.float32)
         self.eps = Tensor(eps, ms.float32)
@@ -135,14 +165,15 @@ class AdamW(_Optimizer):
         self.step_count = Parameter(Tensor(0, ms.int32), name="adam_step", requires_grad=False)
 
     def construct(self, grads, lr=None):
-        """One step; `grads` in `self.parameters` order, `lr` an optional Tensor (a scalar, or two rates
-        with decoupled_lr). Returns lr."""
+        """One step; `grads` in `self.parameters` order, `lr` an optional Tensor (a scalar, or one rate
+        per group: module docstring). Returns lr."""
         lr = self._update_lr(lr)
         ops.assign_add(self.step_count, ops.ones((), ms.int32))
         t = ops.cast(self.step_count, ms.float32)
         beta1_power, beta2_power = ops.pow(self.beta1, t), ops.pow(self.beta2, t)
         eps = self.eps * ops.sqrt(1 - beta2_power)
-        if self.update_mapped and self.lr_slots is None:
+        mup_eps = eps / self.mup_width_mult
+        if self.update_mapped and self.lr_slots is None and self.mup_width_mult == 1.0:
             done = map_tensors(ops.partial(_adamw_update, beta1_power, beta2_power, lr, self.beta1, self.beta2, eps),
                                self.parameters, self.exp_avg, self.exp_avg_sq, grads, self.weight_decays)
             return ops.depend(lr, done)
@@ -151,8 +182,15 @@ class AdamW(_Optimizer):
             rate = self._rate(lr, i)
             if wd > 0 or self.assign_before_update:          # Python constants: no branch in the graph
                 p = ops.depend(p, ops.assign(p, p * (1 - rate * wd)))
-            _ADAM(p, m, v, beta1_power, beta2_power, rate, self.beta1, self.beta2, eps, ops.cast(g, p.dtype))
+            _ADAM(p, m, v, beta1_power, beta2_power, rate, self.beta1, self.beta2, mup_eps if self.mup_eps[i] else eps,
+                  ops.cast(g, p.dtype))
         return lr
+
+    def _mup_lr_scaled(self, owner):
+        """muP for Adam: the hidden matrices take lr / m, and eps / m."""
+        return self.mup_width_mult != 1.0 and not mup_vector_like(owner)
+
+    _mup_eps_scaled = _mup_lr_scaled
 
 
 _ADAM = ops.Adam()
@@ -173,20 +211,22 @@ class SGD(_Optimizer):
     = d_p at the first step). Without momentum no buffer is kept.
     """
 
-    def __init__(self, params, lr, momentum=0.0, weight_decay=0.0, no_decay_filter=None, decoupled_lr=False):
-        super().__init__(params, lr, weight_decay, no_decay_filter, decoupled_lr)
+    def __init__(self, params, lr, momentum=0.0, weight_decay=0.0, no_decay_filter=None, decoupled_lr=False,
+                 mup_width_mult=1.0, owners=None):
+        super().__init__(params, lr, weight_decay, no_decay_filter, decoupled_lr, mup_width_mult, owners)
         if momentum < 0:
             raise ValueError(f"--sgd-momentum must be >= 0, got {momentum}")
         self.momentum = float(momentum)
         self.hyperparameters = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                                    no_decay_filter=no_decay_filter, decoupled_lr=decoupled_lr)
+                                    no_decay_filter=no_decay_filter, decoupled_lr=decoupled_lr,
+                                    mup_width_mult=mup_width_mult)
         if self.momentum > 0:
             self.momentum_buffers = ParameterTuple(self.parameters).clone(prefix="sgd_momentum", init="zeros")
             self.apply_momentum = ops.ApplyMomentum()
 
     def construct(self, grads, lr=None):
-        """One step; `grads` in `self.parameters` order, `lr` an optional Tensor (a scalar, or two rates
-        with decoupled_lr). Returns lr."""
+        """One step; `grads` in `self.parameters` order, `lr` an optional Tensor (a scalar, or one rate
+        per group: module docstring). Returns lr."""
         lr = self._update_lr(lr)
         for i, p in enumerate(self.parameters):
             rate = self._rate(lr, i)
@@ -201,17 +241,21 @@ class SGD(_Optimizer):
                 ops.assign_sub(p, ops.cast(rate, p.dtype) * d_p)
         return lr
 
+    def _mup_lr_scaled(self, owner):
+        """muP for SGD: the vector-like parameters take lr x m."""
+        return self.mup_width_mult != 1.0 and mup_vector_like(owner)
 
-def build_optimizer(args, params):
-    """The optimizer named by `--optimizer` ("adam" = AdamW, or "sgd"), with Megatron's defaults."""
+
+def build_optimizer(args, params, owners=None):
+    """The optimizer named by `--optimizer` ("adam" = AdamW, or "sgd"), with Megatron's defaults;
+    `owners`: the parameters whose groups `params` take (see the module docstring)."""
     name = getattr(args, "optimizer", "adam")
-    weight_decay = getattr(args, "weight_decay", 0.01)
-    decoupled = getattr(args, "decoupled_lr", None) is not None
+    groups = dict(weight_decay=getattr(args, "weight_decay", 0.01),
+                  decoupled_lr=getattr(args, "decoupled_lr", None) is not None,
+                  mup_width_mult=args.mup.width_mult if getattr(args, "mup", None) else 1.0, owners=owners)
     if name == "adam":
         betas = (getattr(args, "adam_beta1", 0.9), getattr(args, "adam_beta2", 0.999))
-        return AdamW(params, lr=args.lr, betas=betas, eps=getattr(args, "adam_eps", 1e-8),
-                     weight_decay=weight_decay, decoupled_lr=decoupled)
+        return AdamW(params, lr=args.lr, betas=betas, eps=getattr(args, "adam_eps", 1e-8), **groups)
     if name == "sgd":
-        return SGD(params, lr=args.lr, momentum=getattr(args, "sgd_momentum", 0.9), weight_decay=weight_decay,
-                   decoupled_lr=decoupled)
+        return SGD(params, lr=args.lr, momentum=getattr(args, "sgd_momentum", 0.9), **groups)
     raise ValueError(f"--optimizer: unknown optimizer {name!r}; choose 'adam' or 'sgd'")

@@ -8,10 +8,9 @@ Layout (ShardPlan, rapidgpt/parallel/data_parallel.py): the model's parameters l
 order, as one flat vector of Psi elements padded to N x S (S = ceil(Psi / N)); data-parallel rank
 r owns elements [r S, (r+1) S): of every parameter, the piece of its flattened elements that falls
 in that range (a parameter may be cut between two ranks). The pieces are fp32 Parameters
-(`zero_shard.<name>`, 1-D) that
-the inner optimizer (RapidGPT's AdamW or SGD, rebuilt over them, each piece decayed as the
-parameter it is cut from) steps. Both optimizers are elementwise, so every element gets the very
-update an unsharded run computes.
+(`zero_shard.<name>`, 1-D) that the inner optimizer (RapidGPT's AdamW or SGD, rebuilt over them,
+each piece in the groups -- weight decay, rate, eps -- of the parameter it is cut from) steps.
+Both optimizers are elementwise, so every element gets the very update an unsharded run computes.
 
 A step, stage 1: the wrapper's unscale, norm, overflow check and clip see the whole
 data-parallel-averaged gradients, as without ZeRO (rapidgpt/optim/mixed_precision.py); each rank
@@ -60,11 +59,10 @@ def _piece_of(grads, i, first, end):
 
 class DistributedOptimizerWrapper(OptimizerWrapper):
     """OptimizerWrapper with ZeRO stage 1, or 2 with `shard_gradients` (see the module docstring).
-    `make_optimizer(params, weight_decays)` builds the inner optimizer over the pieces;
-    `weight_decays`: each model parameter's (the pieces inherit them)."""
+    `make_optimizer(pieces, owners)` builds the inner optimizer over the pieces, each in the groups
+    (weight decay, rate, eps) of its owner, the model parameter it is cut from."""
 
-    def __init__(self, model_params, make_optimizer, weight_decays, precision, clip_grad, shard_gradients=False):
-        self.owner_decays = tuple(weight_decays)
+    def __init__(self, model_params, make_optimizer, precision, clip_grad, shard_gradients=False):
         self.shards_gradients = shard_gradients             # a bool for the graph: gradient_layout is set
         super().__init__(model_params, make_optimizer, precision, clip_grad)
         self.pieces_in_norm = tuple(self.in_norm[i] for i, _, _ in self.plan.pieces)
@@ -94,7 +92,7 @@ class DistributedOptimizerWrapper(OptimizerWrapper):
             Parameter(Tensor(self.parameters[i].value().astype(ms.float32).asnumpy().reshape(-1)[lo:hi].copy()),
                       name=PIECE_PREFIX + self.parameters[i].name, requires_grad=False)
             for i, lo, hi in self.plan.pieces)
-        self.optimizer = make_optimizer(self.main_params, tuple(self.owner_decays[i] for i, _, _ in self.plan.pieces))
+        self.optimizer = make_optimizer(self.main_params, tuple(self.parameters[i] for i, _, _ in self.plan.pieces))
         self.all_gather = comm.AllGather(group, axis=0)
 
     def sharding_note(self):
@@ -152,8 +150,8 @@ class FullyShardedOptimizerWrapper(OptimizerWrapper):
     (`units`: the model's ShardedWeights, rapidgpt/parallel/fully_sharded.py), and the backward of
     their gathers hands over their gradients summed over the data-parallel ranks. So the wrapper
     is the unsharded one over the pieces (fp32 main copies of them in 16-bit runs, the inner
-    optimizer rebuilt over those with each piece decayed as the parameter it is cut from), except
-    that the global norm adds every rank's sums of squares over all ranks, as at stage 2, and that
+    optimizer rebuilt over those, each piece in the groups of the parameter it is cut from),
+    except that the global norm adds every rank's sums of squares over all ranks, as at stage 2, and that
     checkpoints hold each parameter and its optimizer state whole. After the update nothing is
     gathered: the next forward gathers what it needs."""
 

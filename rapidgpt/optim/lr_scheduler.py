@@ -10,7 +10,11 @@ a Tensor (`opt(grads, lr)`), so a changing learning rate never recompiles the ji
 
 `--decoupled-lr` (and `--decoupled-min-lr`, default `--min-lr`) give the input embedding and the
 output layer their own curve, Megatron's decoupled learning rate: the same warmup and decay
-between those two values (`get_lrs()`: the rate of each parameter group, the decoupled one second).
+between those two values. With --use-mup (rapidgpt/config/mup.py) muP's scaled class of parameters
+has the curve of --lr and --min-lr times its multiplier (`mup_lr_mult`), from the same
+--lr-warmup-init, as Megatron's per-group max_lr/min_lr overrides. `get_lrs()`: the rate of each
+group, in the order the optimizer reads them (rapidgpt/optim/adamw.py): --lr, the decoupled one,
+muP's.
 
 Weight-decay increment (`--start-weight-decay/--end-weight-decay`) is not implemented: the
 weight decay is constant, as with Megatron's default `--weight-decay-incr-style constant`.
@@ -37,7 +41,7 @@ class OptimizerParamScheduler:
     """
 
     def __init__(self, max_lr, min_lr, lr_warmup_steps, lr_decay_steps, lr_decay_style, init_lr=0.0,
-                 decoupled_lr=None, decoupled_min_lr=None):
+                 decoupled_lr=None, decoupled_min_lr=None, mup_lr_mult=None):
         # Each message names the command-line flag(s) the value comes from, as users know those.
         if lr_decay_style not in DECAY_STYLES:
             raise ValueError(f"--lr-decay-style: unknown style {lr_decay_style!r}; "
@@ -70,6 +74,7 @@ class OptimizerParamScheduler:
         self.decoupled_lr = None if decoupled_lr is None else float(decoupled_lr)
         self.decoupled_min_lr = None if decoupled_lr is None else float(
             min_lr if decoupled_min_lr is None else decoupled_min_lr)
+        self.mup_lr_mult = None if mup_lr_mult is None else float(mup_lr_mult)
         self.num_steps = 0
 
     def get_lr(self):
@@ -77,10 +82,13 @@ class OptimizerParamScheduler:
         return self._lr(self.max_lr, self.min_lr)
 
     def get_lrs(self):
-        """(learning rate,), or (learning rate, decoupled learning rate) with --decoupled-lr."""
-        if self.decoupled_lr is None:
-            return (self.get_lr(),)
-        return self.get_lr(), self._lr(self.decoupled_lr, self.decoupled_min_lr)
+        """(learning rate, then the decoupled one with --decoupled-lr, then muP's with --use-mup)."""
+        rates = [self.get_lr()]
+        if self.decoupled_lr is not None:
+            rates.append(self._lr(self.decoupled_lr, self.decoupled_min_lr))
+        if self.mup_lr_mult is not None:
+            rates.append(self._lr(self.max_lr * self.mup_lr_mult, self.min_lr * self.mup_lr_mult))
+        return tuple(rates)
 
     def _lr(self, max_lr, min_lr):
         if self.lr_warmup_steps > 0 and self.num_steps <= self.lr_warmup_steps:
@@ -115,6 +123,7 @@ class OptimizerParamScheduler:
             "lr_decay_style": self.lr_decay_style,
             "decoupled_lr": self.decoupled_lr,
             "decoupled_min_lr": self.decoupled_min_lr,
+            "mup_lr_mult": self.mup_lr_mult,
             "num_steps": self.num_steps,
         }
 
@@ -140,8 +149,8 @@ class OptimizerParamScheduler:
 
 
 def learning_rates(scheduler):
-    """The rates of `scheduler` (RapidGPT's, or a user's with only `get_lr()`) for this step: (lr,)
-    or (lr, decoupled lr)."""
+    """The rates of `scheduler` (RapidGPT's, or a user's with only `get_lr()`) for this step: (lr,),
+    or one per group (OptimizerParamScheduler.get_lrs)."""
     return scheduler.get_lrs() if hasattr(scheduler, "get_lrs") else (scheduler.get_lr(),)
 
 
@@ -154,6 +163,7 @@ SETTING_FLAGS = {
                       "or --lr-decay-samples)",
     "lr_decay_style": "--lr-decay-style",
     "decoupled_lr": "--decoupled-lr", "decoupled_min_lr": "--decoupled-min-lr",
+    "mup_lr_mult": "muP's learning-rate multiplier (--use-mup, --hidden-size / --mup-base-hidden-size, --optimizer)",
 }
 
 
@@ -209,4 +219,5 @@ def build_lr_scheduler(args):
         init_lr=getattr(args, "lr_warmup_init", 0.0),
         decoupled_lr=getattr(args, "decoupled_lr", None),
         decoupled_min_lr=getattr(args, "decoupled_min_lr", None),
+        mup_lr_mult=args.mup.lr_mult(getattr(args, "optimizer", "adam")) if getattr(args, "mup", None) else None,
     )

@@ -264,46 +264,52 @@ def _wrapper(optimizer, model, args, zero3_units):
 
 def _sharded_wrapper(optimizer, model, args, units):
     """ZeRO: the inner optimizer (the flags', or the user's rebuilt) over this rank's pieces of the
-    main parameters (rapidgpt/optim/distributed_optimizer.py), each piece decayed as the parameter
-    it is cut from. Stages 1 and 2 cut them from the model's whole parameters; at stage 3 the model
-    already holds only its pieces (`units`, rapidgpt/parallel/fully_sharded.py), of which the
-    parameters' names and ranks are what the weight-decay rule reads."""
+    main parameters (rapidgpt/optim/distributed_optimizer.py), each piece in the groups (weight
+    decay, rate, eps) of the parameter it is cut from. Stages 1 and 2 cut them from the model's
+    whole parameters; at stage 3 the model already holds only its pieces (`units`,
+    rapidgpt/parallel/fully_sharded.py), of which the parameters' names and ranks are what the
+    group rules read."""
     from rapidgpt.optim.distributed_optimizer import DistributedOptimizerWrapper, FullyShardedOptimizerWrapper
+    make = _piece_optimizer(optimizer, args)
     if args.zero.stage == 3:
         owners = [_Owner(u.names[i], u.ndims[i]) for u in units for i, _, _ in u.plan.pieces]
-        decays, make = _piece_optimizer(optimizer, owners, args)
-        return FullyShardedOptimizerWrapper(units, lambda main: make(main, decays), args.precision, args.clip_grad)
+        _check_updates_all(optimizer, owners, args)
+        return FullyShardedOptimizerWrapper(units, lambda main: make(main, owners), args.precision, args.clip_grad)
     owners = model.trainable_params() if optimizer is None else list(optimizer.parameters)
-    decays, make = _piece_optimizer(optimizer, owners, args)
-    return DistributedOptimizerWrapper(owners, make, decays, args.precision, args.clip_grad,
+    _check_updates_all(optimizer, owners, args)
+    return DistributedOptimizerWrapper(owners, make, args.precision, args.clip_grad,
                                        shard_gradients=args.zero.stage >= 2)
 
 
-def _piece_optimizer(optimizer, owners, args):
-    """(the weight decay of each of `owners`, `make(pieces, piece_decays)` -> the inner optimizer
-    over pieces): the flags' optimizer, or the user's `optimizer` rebuilt (its decays by name)."""
-    from rapidgpt.optim.adamw import weight_decays_of
-    if optimizer is None:
-        def make(pieces, piece_decays):
-            inner = build_optimizer(args, pieces)
-            inner.weight_decays, inner.assign_before_update = piece_decays, True
-            return inner
-        return weight_decays_of(owners, args.weight_decay), make
-    if not hasattr(optimizer, "with_parameters"):
+def _piece_optimizer(optimizer, args):
+    """`make(pieces, owners)` -> the inner optimizer over pieces, each in its owner's groups: the
+    flags' optimizer, or the user's `optimizer` rebuilt."""
+    if optimizer is not None and not hasattr(optimizer, "with_parameters"):
         raise OptimizerRebuildError(
             f"{args.zero.flag}: the {type(optimizer).__name__} from model_optimizer_lr_scheduler_provider cannot "
             f"be rebuilt over this rank's shard of the parameters; return rapidgpt.optim.AdamW/SGD, or None to "
             f"build one from the flags")
-    decay_of = {p.name: decay for p, decay in zip(optimizer.parameters, optimizer.weight_decays)}
-    missing = [o.name for o in owners if o.name not in decay_of]
+
+    def make(pieces, owners):
+        inner = build_optimizer(args, pieces, owners) if optimizer is None else optimizer.with_parameters(pieces, owners)
+        inner.assign_before_update = True
+        return inner
+    return make
+
+
+def _check_updates_all(optimizer, owners, args):
+    """A user's optimizer must update every trainable parameter ZeRO shards."""
+    if optimizer is None:
+        return
+    updated = {p.name for p in optimizer.parameters}
+    missing = [o.name for o in owners if o.name not in updated]
     if missing:
         raise OptimizerRebuildError(f"{args.zero.flag}: the optimizer from model_optimizer_lr_scheduler_provider does "
                                     f"not update {missing[0]}, a trainable parameter of the model; build it over "
                                     f"model.trainable_params()")
-    return tuple(decay_of[o.name] for o in owners), optimizer.with_parameters
 
 
 class _Owner(NamedTuple):
-    """What the weight-decay rule reads of a parameter ZeRO-3 has cut into pieces."""
+    """What the group rules (weight decay, rate, eps) read of a parameter ZeRO-3 has cut into pieces."""
     name: str
     ndim: int

@@ -81,6 +81,7 @@ class Reporter:
     def __init__(self, args, train_iters, start_iteration=0, unit="tokens", flops_per_sample=None):
         """`flops_per_sample`: with --log-throughput, the FLOPs of one sample's training (all ranks together)."""
         self.args, self.unit = args, unit
+        self.decoupled_lr = getattr(args, "decoupled_lr", None) is not None    # rates[1] is its rate
         self.flops_per_sample = flops_per_sample
         self.timers = get_timers()
         self.train_iters = train_iters
@@ -98,8 +99,8 @@ class Reporter:
         self.samples = self.units = 0
 
     def iteration(self, iteration, consumed_samples, losses, rates, step, seconds, units, global_batch_size=None):
-        """Record one training iteration (`losses`: {name: value}; `rates`: the learning rate, and
-        the decoupled one with --decoupled-lr; `step`: its rapidgpt.training.step.StepResult;
+        """Record one training iteration (`losses`: {name: value}; `rates`: the learning rate of each
+        group (the decoupled one second with --decoupled-lr); `step`: its rapidgpt.training.step.StepResult;
         `global_batch_size`: its samples, default --global-batch-size: less on a --rampup-batch-size
         ramp); log when the interval is full.
 
@@ -125,7 +126,7 @@ class Reporter:
         self.bar.update(1)
         if self.writer is not None and iteration % self.args.tensorboard_log_interval == 0:
             self.writer.add_scalar("learning-rate", rates[0], iteration)
-            if len(rates) > 1:
+            if self.decoupled_lr:
                 self.writer.add_scalar("decoupled-learning-rate", rates[1], iteration)
             self.writer.add_scalar("batch-size", gbs, iteration)
             for name, value in losses.items():
@@ -152,7 +153,7 @@ class Reporter:
                 iteration, self.train_iters, consumed_samples, per_iter * 1000.0, rates[0],
                 gbs, averages, step.loss_scale, self.grad_norm if self.advanced else None,
                 self.skipped, self.nan, self.units / max(self.seconds, 1e-9), self.unit, tflops,
-                rates[1] if len(rates) > 1 else None, self.num_zeros if self.advanced else None, step.params_norm))
+                rates[1] if self.decoupled_lr else None, self.num_zeros if self.advanced else None, step.params_norm))
             if self.args.log_timers_to_tensorboard:     # a collective, as the timing block below
                 if self.writer is not None and self.intervals_logged:      # the first holds the compile
                     self.writer.add_scalar("iteration-time", per_iter, iteration)

@@ -7,6 +7,7 @@ scheduler by the global batch, report (Megatron log line, tqdm, TensorBoard), an
 `--eval-interval` iterations.
 """
 import inspect
+import re
 import time
 
 import mindspore as ms
@@ -173,24 +174,38 @@ class Trainer:
         self.logger.info(optimizer.held_line())
         if scheduler is None:
             scheduler = build_lr_scheduler(self.args)
-        if self.args.decoupled_lr is not None:
-            self._check_decoupled_lr(optimizer, scheduler)
+        self._check_lr_groups(optimizer, scheduler)
         self.timers("model-and-optimizer-setup").stop()
         return model, optimizer, scheduler
 
-    def _check_decoupled_lr(self, optimizer, scheduler):
-        """--decoupled-lr needs an optimizer with a rate per group and a scheduler giving both
-        rates; the parameters that take it are logged."""
+    def _check_lr_groups(self, optimizer, scheduler):
+        """--decoupled-lr and --use-mup need an optimizer with a rate per group and a scheduler giving
+        as many rates; the parameters of each group are logged."""
+        mup = self.args.mup if getattr(self.args, "use_mup", False) else None
+        if mup:
+            self.logger.info(mup.describe(self.args.optimizer))
+        mup_lr_mult = mup.lr_mult(self.args.optimizer) if mup else None
+        if self.args.decoupled_lr is None and mup_lr_mult is None:
+            return
         inner = optimizer.optimizer
-        if getattr(inner, "lr_slots", None) is None or len(learning_rates(scheduler)) != 2:
-            raise HookContractError("--decoupled-lr: the optimizer or scheduler from model_optimizer_lr_scheduler_"
-                                    "provider has one learning rate; build rapidgpt.optim.AdamW/SGD with "
-                                    "decoupled_lr=True and rapidgpt.optim.build_lr_scheduler(args), or return None "
-                                    "for either to build it from the flags")
-        names = sorted({p.name.removeprefix(MAIN_PARAMS_PREFIX).removeprefix(PIECE_PREFIX)
-                        for p, slot in zip(inner.parameters, inner.lr_slots) if slot})
-        self.logger.info(f" > --decoupled-lr {self.args.decoupled_lr:g} for "
-                         f"{', '.join(names) if names else 'no parameter of this pipeline stage'}")
+        wanted = 1 + (self.args.decoupled_lr is not None) + (mup_lr_mult is not None)
+        if getattr(inner, "lr_slots", None) is None or inner.learning_rate.size != wanted \
+                or len(learning_rates(scheduler)) != wanted:
+            raise HookContractError(f"--decoupled-lr, --use-mup: the flags ask for {wanted} learning rates (--lr's, "
+                                    f"the decoupled one, muP's), which the optimizer or scheduler from model_optimizer_"
+                                    f"lr_scheduler_provider does not give; build rapidgpt.optim.AdamW/SGD with "
+                                    f"decoupled_lr and mup_width_mult as the flags say and rapidgpt.optim."
+                                    f"build_lr_scheduler(args), or return None for either to build it from the flags")
+
+        def names(slot):          # every layer's alike: "layers.*.mlp.dense_h_to_4h.weight"
+            found = sorted({re.sub(r"(^|\.)layers\.\d+\.", r"\1layers.*.",
+                                   p.name.removeprefix(MAIN_PARAMS_PREFIX).removeprefix(PIECE_PREFIX))
+                            for p, own in zip(inner.parameters, inner.lr_slots) if own == slot})
+            return ', '.join(found) if found else 'no parameter of this pipeline stage'
+        if self.args.decoupled_lr is not None:
+            self.logger.info(f" > --decoupled-lr {self.args.decoupled_lr:g} for {names(1)}")
+        if mup_lr_mult is not None:
+            self.logger.info(f" > muP's lr x{mup_lr_mult:g} for {names(wanted - 1)}")
 
     def load_checkpoint_if_asked(self):
         """Megatron's start: resume from --load when it holds a checkpoint, else take the model

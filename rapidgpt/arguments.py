@@ -63,6 +63,9 @@ def _model_args(parser):
     g.add_argument("--hidden-dropout", type=float, default=0.1)
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--embedding-init-method-std", type=float, default=None,
+                   help="std of the embeddings' normal init (word, position, token type; with --use-mup also an "
+                        "untied output layer); default --init-method-std")
     g.add_argument("--layernorm-epsilon", "--norm-epsilon", dest="layernorm_epsilon", type=float, default=1e-5,
                    help="epsilon of every LayerNorm/RMSNorm (Megatron's --norm-epsilon)")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
@@ -519,6 +522,9 @@ def _check_model(args, check, world_size):
         check.require(getattr(args, name) > 0,
                       f"{_flag(name)}: must be positive, got {getattr(args, name)}; give a value >= 1")
     check.require(args.eval_iters >= 0, f"--eval-iters: must be >= 0, got {args.eval_iters}")
+    for name in ("init_method_std", "embedding_init_method_std"):
+        check.require(getattr(args, name) is None or getattr(args, name) > 0,
+                      f"{_flag(name)}: must be positive, got {getattr(args, name)}")
     check_architecture_args(args, check)
     args.max_position_embeddings = args.max_position_embeddings or args.seq_length
     check.require(args.max_position_embeddings >= args.seq_length,

@@ -373,21 +373,26 @@ def test_llama_fp16_on_tp2_x_dp2_follows_the_single_process_fp16_run(llama_runs)
     assert_close_run(found, reference, 5e-3)
 
 
-def test_mup_initializes_as_megatron_core():
-    """--use-mup at width multiplier 4: Megatron-core's init (TransformerConfig.__post_init__):
-    the layers' matrices N(0, std / sqrt(4)), their output projections N(0, std / (sqrt(2 L)
-    sqrt(4))), the embeddings and the untied output layer N(0, std); measured on 16k-64k draws."""
+@pytest.mark.parametrize("mup", [False, True], ids=["", "mup"])
+def test_init_is_megatron_cores_with_embedding_std_and_mup(mup):
+    """--embedding-init-method-std 0.03, with and without --use-mup at width multiplier 4:
+    Megatron-core's init (TransformerConfig.__post_init__, LanguageModelEmbedding, GPTModel): the
+    layers' matrices N(0, std / sqrt(m)), their output projections N(0, std / (sqrt(2 L) sqrt(m))),
+    the embeddings N(0, 0.03), the untied output layer N(0, std), with muP N(0, 0.03); measured on
+    16k-64k draws."""
     from rapidgpt.arguments import parse_args
     from rapidgpt.models.gpt import build_gpt_model
     from rapidgpt.parallel.random import initialize_parameters
-    std, layers, width_mult = 0.05, 3, 4
+    std, embedding_std, layers, width_mult = 0.05, 0.03, 3, 4 if mup else 1
     args = parse_args(argv=["--num-layers", str(layers), "--hidden-size", "128", "--num-attention-heads", "4",
                             "--seq-length", "16", "--max-position-embeddings", "128", "--vocab-size", "256",
                             "--train-iters", "1", "--init-method-std", str(std), "--untie-embeddings-and-output-weights",
-                            "--use-mup", "--mup-base-hidden-size", "32"])
+                            "--embedding-init-method-std", str(embedding_std)]
+                      + (["--use-mup", "--mup-base-hidden-size", "32"] if mup else []))
     model = build_gpt_model(args, 256)
     initialize_parameters(model, seed=1234)
-    expected = {"word_embeddings.weight": std, "position_embeddings.weight": std, "output_layer.weight": std,
+    expected = {"word_embeddings.weight": embedding_std, "position_embeddings.weight": embedding_std,
+                "output_layer.weight": embedding_std if mup else std,
                 "query_key_value.weight": std / math.sqrt(width_mult),
                 "dense_h_to_4h.weight": std / math.sqrt(width_mult),
                 "self_attention.dense.weight": std / math.sqrt(2 * layers) / math.sqrt(width_mult),
@@ -420,6 +425,7 @@ def test_mup_initializes_as_megatron_core():
     (("--use-mup", "--mup-base-hidden-size", "16", "--mup-width-mult", "2"),
      "--mup-width-mult: 2 contradicts --hidden-size 48 / --mup-base-hidden-size 16; drop it"),
     (("--use-mup", "--model-type", "bert"), "--use-mup: built for GPT models"),
+    (("--embedding-init-method-std", "0"), "--embedding-init-method-std: must be positive, got 0.0"),
     (("--use-mup", "--pretrained-model-name-or-path", str(Path(__file__).parent / "fixtures" / "hf_llama_tiny")),
      "--use-mup: changes the attention scale and the logits of a Hugging Face model"),
 ])

@@ -230,8 +230,9 @@ REFUSED = [
     ("hyper-connections (mHC) are not built", ("--enable-mhc-connections", "--mhc-*"), ()),
     ("this residual and norm placement is not built (pre-norm residuals in the model's dtype)",
      ("--apply-residual-connection-post-layernorm", "--fp32-residual-connection"), ()),
-    ("this initialization is not built (normal with --init-method-std, output layers scaled by depth)",
-     ("--embedding-init-method-std", "--init-method-xavier-uniform", "--no-initialization",
+    ("this initialization is not built (normal with --init-method-std, output layers scaled by depth, the "
+     "embeddings' with --embedding-init-method-std)",
+     ("--init-method-xavier-uniform", "--no-initialization",
       "--data-parallel-random-init"), ()),
     ("the MLP chunking of the training step is not built", ("--mlp-chunks-for-training",), ()),
     ("this recompute option is not built (--recompute-granularity full or selective, --recompute-method, "

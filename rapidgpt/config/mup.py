@@ -14,7 +14,7 @@ embeddings (word, position), the output layer and every 1-D parameter (norms, bi
 every other matrix. Then:
 - init: hidden matrices N(0, std / sqrt(m)), the output projections of each layer (attention's
   dense, the MLP's down projection) N(0, std / (sqrt(2 L) sqrt(m))); the embeddings and an
-  untied output layer keep N(0, std);
+  untied output layer N(0, --embedding-init-method-std, by default std);
 - Adam: hidden matrices take --lr / m (and --min-lr / m; the warmup starts from --lr-warmup-init
   alike) and --adam-eps / m; vector-like parameters keep --lr and --adam-eps. SGD: vector-like
   parameters take --lr x m, hidden ones keep --lr. With --decoupled-lr the word embeddings and the
@@ -55,7 +55,8 @@ def add_mup_args(parser):
 
 @dataclass(frozen=True)
 class MupConfig:
-    """A run's muP (see the module docstring); `width_mult` 1 and no scale: no muP."""
+    """A run's muP (see the module docstring); by default none."""
+    enabled: bool = False
     width_mult: float = 1.0
     embedding_mult: float = 1.0
     output_mult: float = 1.0
@@ -71,7 +72,7 @@ class MupConfig:
         output_mult = args.mup_output_mult
         if output_mult == 1.0 and width_mult != 1.0:          # Megatron's rule: 1.0 means "derive it"
             output_mult = 1.0 / width_mult
-        return cls(width_mult, args.mup_embedding_mult, output_mult,
+        return cls(True, width_mult, args.mup_embedding_mult, output_mult,
                    base_head_scale / args.kv_channels ** args.mup_attn_scale_power)
 
     def lr_mult(self, optimizer):

@@ -155,6 +155,7 @@ class TransformerConfig:
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     init_method_std: float = 0.02
+    embedding_init_method_std: float = None       # None: init_method_std
     layernorm_epsilon: float = 1e-5
     attention_softmax_in_fp32: bool = False
     apply_query_key_layer_scaling: bool = False
@@ -199,6 +200,18 @@ class TransformerConfig:
         fused = getattr(args, "bias_gelu_fusion", True) and config.add_bias_linear
         activation = "squared_relu" if getattr(args, "squared_relu", False) else "gelu_tanh" if fused else "gelu"
         return dataclasses.replace(config, activation=activation)
+
+    @property
+    def embedding_init_std(self):
+        """The embeddings' init std (Megatron's embedding_init_method): --embedding-init-method-std,
+        by default --init-method-std, never scaled by muP."""
+        return self.init_method_std if self.embedding_init_method_std is None else self.embedding_init_method_std
+
+    @property
+    def output_layer_init_std(self):
+        """An untied output layer's init std: Megatron's init_method, or with --use-mup its
+        embedding_init_method."""
+        return self.embedding_init_std if self.mup.enabled else self.init_method_std
 
     @property
     def hidden_init_std(self):

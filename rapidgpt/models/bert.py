@@ -24,7 +24,8 @@ holds the embeddings, the last the heads and a copy of the word embeddings (tied
 takes the padding mask. Every weighted cell here is a RapidGPT layer that declares its ZeRO-3
 slots (encoder layers, embeddings, LayerNorms, linears, the LM head's bias); ZeRO-3 itself is
 refused for BERT in this build (rapidgpt/config/bert.py says why).
-Initialisation: normal(0, --init-method-std), output projections of each layer scaled by
+Initialisation: normal(0, --init-method-std) (the embeddings: --embedding-init-method-std, by
+default the same), output projections of each layer scaled by
 1/sqrt(2 * layers) as Megatron's, LayerNorms 1/0, biases 0; seeded by name, so the same for
 every layout.
 """
@@ -105,12 +106,13 @@ class BertModel(LanguageModelStage):
         super().__init__(config, vocab_size, padded_vocab_size, pre_process, post_process, vp_stage)
         self.add_binary_head, self.add_lm_head = add_binary_head, add_lm_head
         h, std = config.hidden_size, config.init_method_std
+        embedding_std = config.embedding_init_std
         if self.pre_process or (self.post_process and add_lm_head):
-            self.word_embeddings = stage_word_embeddings(padded_vocab_size, vocab_size, h, std, self.pre_process,
-                                                         tied_to_output=add_lm_head)
+            self.word_embeddings = stage_word_embeddings(padded_vocab_size, vocab_size, h, embedding_std,
+                                                         self.pre_process, tied_to_output=add_lm_head)
         if self.pre_process:
-            self.position_embeddings = ReplicatedEmbedding(config.max_position_embeddings, h, std)
-            self.tokentype_embeddings = ReplicatedEmbedding(NUM_TOKENTYPES, h, std)
+            self.position_embeddings = ReplicatedEmbedding(config.max_position_embeddings, h, embedding_std)
+            self.tokentype_embeddings = ReplicatedEmbedding(NUM_TOKENTYPES, h, embedding_std)
             self.embedding_layernorm = LayerNorm((h,), epsilon=config.layernorm_epsilon)
             self.embedding_dropout = Dropout(config.hidden_dropout)
         self.layers = TransformerLayers(OrderedDict((str(i), BertLayer(config, i + 1)) for i in self.stage_layers))

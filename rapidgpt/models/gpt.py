@@ -82,7 +82,7 @@ class GPTModel(LanguageModelStage):
     def __init__(self, config, vocab_size, padded_vocab_size, untie_embeddings_and_output_weights=False,
                  pre_process=None, post_process=None, vp_stage=None):
         super().__init__(config, vocab_size, padded_vocab_size, pre_process, post_process, vp_stage)
-        h, std = config.hidden_size, config.init_method_std
+        h, std = config.hidden_size, config.embedding_init_std
         self.untied = untie_embeddings_and_output_weights
         if self.pre_process or (self.post_process and not self.untied):
             self.word_embeddings = stage_word_embeddings(padded_vocab_size, vocab_size, h, std, self.pre_process,
@@ -103,8 +103,9 @@ class GPTModel(LanguageModelStage):
             self.final_layernorm = build_norm(config, h, summed_over_tp=sp)
             if sp:       # the output layer's copy_to_region sums the gradient: the gather only splits it
                 self.gather_sequence = SubCell(GatherFromSequenceParallelRegion(reduce_grad=False))
-            self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False, init_std=std,
-                                                      drawn_rows=vocab_size) if self.untied else None)
+            self.output_layer = (ColumnParallelLinear(h, padded_vocab_size, bias=False,
+                                                      init_std=config.output_layer_init_std, drawn_rows=vocab_size)
+                                 if self.untied else None)
             self.head = LanguageModelHead(vocab_size, padded_vocab_size, config.mup.output_mult)
 
     def output_weight(self):

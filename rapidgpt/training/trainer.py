@@ -181,7 +181,7 @@ class Trainer:
     def _check_lr_groups(self, optimizer, scheduler):
         """--decoupled-lr and --use-mup need an optimizer with a rate per group and a scheduler giving
         as many rates; the parameters of each group are logged."""
-        mup = self.args.mup if getattr(self.args, "use_mup", False) else None
+        mup = self.args.mup if getattr(self.args, "mup", None) and self.args.mup.enabled else None
         if mup:
             self.logger.info(mup.describe(self.args.optimizer))
         mup_lr_mult = mup.lr_mult(self.args.optimizer) if mup else None

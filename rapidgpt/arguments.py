@@ -106,6 +106,11 @@ def _optimizer_args(parser):
     g.add_argument("--optimizer", choices=["adam", "sgd"], default="adam",
                    help="adam = AdamW (decoupled weight decay, bias-corrected, as Megatron)")
     g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--apply-wd-to-qk-layernorm", action="store_true",
+                   help="decay the q/k norms' weights too (Megatron's Qwen3-Next rule; other norms and biases "
+                        "never decay)")
+    g.add_argument("--no-weight-decay-cond-type", choices=["apply_wd_to_qk_layernorm"], default=None,
+                   help="Megatron's deprecated spelling of --apply-wd-to-qk-layernorm")
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.999)
     g.add_argument("--adam-eps", type=float, default=1e-8)
@@ -601,6 +606,12 @@ def _check_layout(args, check, world_size):
 
 def _check_schedule(args, check, world_size):
     """Training length, optimizer and Megatron's LR schedule flags."""
+    if args.no_weight_decay_cond_type == "apply_wd_to_qk_layernorm":      # as Megatron's validate_args
+        args.apply_wd_to_qk_layernorm, args.no_weight_decay_cond_type = True, None
+        line = (" > --no-weight-decay-cond-type apply_wd_to_qk_layernorm: accepted; Megatron's deprecated "
+                "spelling of --apply-wd-to-qk-layernorm")
+        lines = list(getattr(args, "megatron_flag_lines", ()))          # shown with the Megatron flags' lines
+        args.megatron_flag_lines = lines + [line] * (line not in lines)
     check.require(not (args.train_iters and args.train_samples),
                   "--train-samples: give either --train-iters or --train-samples, not both")
     for name in ("train_iters", "train_samples", "epochs", "lr_decay_iters", "lr_decay_samples"):

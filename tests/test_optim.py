@@ -349,7 +349,30 @@ def test_mup_scales_megatrons_parameter_classes_also_in_zero_pieces(kind, decoup
         np.testing.assert_array_equal(results[1][i], results[0][i], err_msg=f"{name}: pieces")
 
 
-def test_adamw_state_names_and_default_filter():
+def test_apply_wd_to_qk_layernorm_decays_the_qk_norms_too():
+    """--apply-wd-to-qk-layernorm (or Megatron's deprecated --no-weight-decay-cond-type
+    apply_wd_to_qk_layernorm, said in one line): Megatron's predicate (1-D or *.bias, and not a q/k
+    layernorm's) decides, so the q/k norms' weights and biases decay, other norms and biases not;
+    also for ZeRO's flat pieces, through their owners."""
+    from rapidgpt.arguments import parse_args
+    names = ["layers.0.self_attention.q_layernorm.gamma", "layers.0.self_attention.k_layernorm.beta",
+             "layers.0.input_layernorm.gamma", "layers.0.mlp.dense_h_to_4h.bias", "layers.0.mlp.dense_h_to_4h.weight"]
+    shapes = [(4,), (4,), (4,), (4,), (4, 4)]
+    params = [Parameter(Tensor(np.zeros(s, np.float32)), name=n) for n, s in zip(names, shapes)]
+    for argv in (["--apply-wd-to-qk-layernorm"], ["--no-weight-decay-cond-type", "apply_wd_to_qk_layernorm"]):
+        args = parse_args(argv=["--train-iters", "1", "--lr", "1e-3", "--weight-decay", "0.1", *argv])
+        assert args.apply_wd_to_qk_layernorm
+        assert build_optimizer(args, params).weight_decays == (0.1, 0.1, 0.0, 0.0, 0.1)
+        pieces = [Parameter(Tensor(np.zeros(int(np.prod(s)), np.float32)), name="zero_shard." + n)
+                  for n, s in zip(names, shapes)]
+        assert build_optimizer(args, pieces, owners=params).weight_decays == (0.1, 0.1, 0.0, 0.0, 0.1)
+    assert args.megatron_flag_lines == [" > --no-weight-decay-cond-type apply_wd_to_qk_layernorm: accepted; "
+                                        "Megatron's deprecated spelling of --apply-wd-to-qk-layernorm"]
+    plain = parse_args(argv=["--train-iters", "1", "--lr", "1e-3", "--weight-decay", "0.1"])
+    assert build_optimizer(plain, params).weight_decays == (0.0, 0.0, 0.0, 0.0, 0.1)
+
+
+
     params = make_params()
     opt = AdamW(params)
     assert [p.name for p in params] == ["layer.weight", "layer.bias", "embedding.weight"]  # not renamed

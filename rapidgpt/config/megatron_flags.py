@@ -237,10 +237,10 @@ REFUSED = [
     ("the MLP chunking of the training step is not built", ("--mlp-chunks-for-training",), ()),
     ("this recompute option is not built (--recompute-granularity full or selective, --recompute-method, "
      "--recompute-num-layers)", ("--recompute-modules",), ()),
-    ("Megatron's weight-decay schedule and per-parameter decay rules are not built (a constant --weight-decay "
-     "on matrices, none on biases and norms)",
-     ("--start-weight-decay", "--end-weight-decay", "--weight-decay-incr-style", "--apply-wd-to-qk-layernorm",
-      "--no-weight-decay-cond-type", "--dump-param-to-param-group-map"), ()),
+    ("Megatron's weight-decay schedule and its map of parameter groups are not built (a constant --weight-decay "
+     "on matrices, none on biases and norms but the q/k norms' with --apply-wd-to-qk-layernorm)",
+     ("--start-weight-decay", "--end-weight-decay", "--weight-decay-incr-style",
+      "--dump-param-to-param-group-map"), ()),
     ("the warmup-stable-decay (WSD) schedule is not built (--lr-decay-style constant, linear, cosine, "
      "inverse-square-root)", ("--lr-wsd-*",), ()),
     ("freezing all layers is not built", ("--freeze-all-layers",), ()),

@@ -6,7 +6,8 @@ a jitted function recompiles per value). The value is kept in the `learning_rate
 which is saved with the optimizer state.
 
 Weight decay follows Megatron's parameter groups: biases and 1-D parameters (LayerNorm/RMSNorm
-weights and biases) get none; pass `no_decay_filter` to choose differently.
+weights and biases) get none (with --apply-wd-to-qk-layernorm the q/k norms' do); pass
+`no_decay_filter` to choose differently.
 
 Learning-rate groups: the rate is a Tensor of one rate per group, in the order the scheduler's
 `get_lrs()` gives them (rapidgpt/optim/lr_scheduler.py): --lr; with `decoupled_lr=True`
@@ -29,6 +30,12 @@ def megatron_no_decay(param):
     rules like "ln" catch unrelated parameter names).
     """
     return param.name.endswith("bias") or param.ndim <= 1
+
+
+def megatron_no_decay_but_qk_norms(param):
+    """--apply-wd-to-qk-layernorm (Megatron's rule for Qwen3-Next): megatron_no_decay, except that
+    the q/k norms' weights (and a LayerNorm's biases there) decay."""
+    return megatron_no_decay(param) and not ("q_layernorm." in param.name or "k_layernorm." in param.name)
 
 
 def megatron_decoupled_lr(param):
@@ -250,7 +257,8 @@ def build_optimizer(args, params, owners=None):
     """The optimizer named by `--optimizer` ("adam" = AdamW, or "sgd"), with Megatron's defaults;
     `owners`: the parameters whose groups `params` take (see the module docstring)."""
     name = getattr(args, "optimizer", "adam")
-    groups = dict(weight_decay=getattr(args, "weight_decay", 0.01),
+    no_decay = megatron_no_decay_but_qk_norms if getattr(args, "apply_wd_to_qk_layernorm", False) else None
+    groups = dict(weight_decay=getattr(args, "weight_decay", 0.01), no_decay_filter=no_decay,
                   decoupled_lr=getattr(args, "decoupled_lr", None) is not None,
                   mup_width_mult=args.mup.width_mult if getattr(args, "mup", None) else 1.0, owners=owners)
     if name == "adam":

@@ -26,6 +26,7 @@ from rapidgpt.config.implementation_choices import (add_implementation_choice_ar
 from rapidgpt.config.kernel_fusion import add_kernel_fusion_args, check_kernel_fusion_args
 from rapidgpt.config.megatron_flags import add_megatron_flags, check_megatron_flags
 from rapidgpt.config.mup import add_mup_args, check_mup_args
+from rapidgpt.config.wsd_schedule import add_wsd_args, check_wsd_args
 from rapidgpt.config.precision import add_precision_args, check_precision_args
 from rapidgpt.config.transformer import add_architecture_args, check_architecture_args
 from rapidgpt.config.wandb_logging import add_wandb_args, check_wandb_args
@@ -119,8 +120,9 @@ def _optimizer_args(parser):
     g = parser.add_argument_group("learning rate")
     g.add_argument("--lr", type=float, default=None)
     g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root"],
-                   default="linear")
+    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
+                   default="linear", help="WSD: warmup, stable, then annealed at the end (rapidgpt/config/"
+                                          "wsd_schedule.py)")
     g.add_argument("--lr-decay-iters", type=int, default=None, help="default: --train-iters")
     g.add_argument("--lr-decay-samples", type=int, default=None)
     g.add_argument("--lr-warmup-iters", type=int, default=0)
@@ -336,7 +338,8 @@ def build_parser(extra_args_provider=None, megatron_flags=True):
                 _logging_args, _engine_args, _parallel_args, add_precision_args, add_recompute_args,
                 add_zero_args, add_replica_check_args, add_kernel_fusion_args, add_compile_cache_args,
                 add_implementation_choice_args,
-                _launcher_args, _rapidformer_args, add_pipeline_split_args, add_wandb_args, add_fim_args, add_mup_args):
+                _launcher_args, _rapidformer_args, add_pipeline_split_args, add_wandb_args, add_fim_args, add_mup_args,
+                add_wsd_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -468,6 +471,7 @@ def validate_args(args, world_size=1, check=None):
     check_bert_args(args, check)
     check_fim_args(args, check)
     check_mup_args(args, check)
+    check_wsd_args(args, check)
     check_zero_args(args, check)            # before the precision flags: Megatron-FSDP's gradient dtypes set them
     check_precision_args(args, check)
     check_recompute_args(args, check)

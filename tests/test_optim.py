@@ -16,7 +16,7 @@ ms.set_device("CPU")
 
 # ----------------------------------------------------------------------------- learning rate
 
-def megatron_lr(n, max_lr, min_lr, warmup, decay, style, init_lr=0.0):
+def megatron_lr(n, max_lr, min_lr, warmup, decay, style, init_lr=0.0, wsd_steps=None, wsd_style=None):
     """Megatron's OptimizerParamScheduler.get_lr, restated."""
     if warmup > 0 and n <= warmup:
         return init_lr + (max_lr - init_lr) * n / warmup
@@ -27,6 +27,15 @@ def megatron_lr(n, max_lr, min_lr, warmup, decay, style, init_lr=0.0):
     if style == "inverse-square-root":
         return max(min_lr, max_lr * max(warmup, 1) ** 0.5 / max(n, 1) ** 0.5)
     ratio = (n - warmup) / (decay - warmup)
+    if style == "WSD":
+        anneal_start = decay - wsd_steps
+        if n <= anneal_start:
+            coeff = 1.0
+        else:
+            r = (n - anneal_start) / wsd_steps
+            coeff = {"linear": 1.0 - r, "cosine": 0.5 * (math.cos(math.pi * r) + 1.0),
+                     "exponential": (2.0 * math.pow(0.5, r)) - 1.0, "minus_sqrt": 1.0 - math.sqrt(r)}[wsd_style]
+        return min_lr + coeff * (max_lr - min_lr)
     coeff = {"linear": 1 - ratio, "cosine": 0.5 * (math.cos(math.pi * ratio) + 1)}[style]
     return min_lr + coeff * (max_lr - min_lr)
 
@@ -66,6 +75,46 @@ def test_decoupled_lr_follows_megatrons_rule_per_group(style):
     plain = OptimizerParamScheduler(1.5e-4, 1e-5, 64, 800, style, init_lr=1e-6)
     with pytest.raises(ValueError, match="--decoupled-lr: this run None, checkpoint 0.0005"):
         plain.load_state_dict(sched.state_dict())
+
+
+@pytest.mark.parametrize("wsd_style", ["exponential", "linear", "cosine", "minus_sqrt"])
+def test_wsd_schedule_matches_megatron(wsd_style):
+    """--lr-decay-style WSD: warmup, --lr until the last --lr-wsd-decay-iters of the decay, then
+    Megatron's annealing shape down to --min-lr (and --min-lr past the decay); from the flags,
+    iteration-based (x --global-batch-size) and sample-based."""
+    from rapidgpt.arguments import parse_args
+    for length in (["--train-iters", "100", "--lr-warmup-iters", "10", "--lr-wsd-decay-iters", "30"],
+                   ["--train-samples", "800", "--lr-warmup-samples", "80", "--lr-wsd-decay-samples", "240"]):
+        args = parse_args(argv=["--lr", "3e-4", "--min-lr", "3e-5", "--global-batch-size", "8", "--lr-decay-style",
+                                "WSD", "--lr-wsd-decay-style", wsd_style, *length])
+        sched = build_lr_scheduler(args)
+        assert (sched.wsd_decay_steps, sched.lr_decay_steps, sched.lr_warmup_steps) == (240, 800, 80)
+        n = 0
+        for increment in [0, 8, 72, 8, 400, 80, 8, 56, 64, 48, 8, 40, 8, 16]:   # warmup, stable, annealing, past
+            sched.step(increment)
+            n += increment
+            assert sched.get_lr() == pytest.approx(
+                megatron_lr(n, 3e-4, 3e-5, 80, 800, "WSD", 0.0, 240, wsd_style), rel=1e-12), n
+        assert sched.state_dict()["lr_wsd_decay_style"] == wsd_style
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lr-decay-style", "WSD"], "--lr-decay-style WSD: give the annealing's length as --lr-wsd-decay-iters "
+                                  "(the unit of --train-iters)"),
+    (["--lr-decay-style", "WSD", "--lr-wsd-decay-samples", "8"],
+     "--lr-decay-style WSD: give the annealing's length as --lr-wsd-decay-iters (the unit of --train-iters), not "
+     "--lr-wsd-decay-samples"),
+    (["--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "200"],
+     "--lr-wsd-decay-iters: 200 must be in [1, the decay length 100]"),
+    (["--lr-wsd-decay-iters", "20", "--lr-wsd-decay-style", "cosine"],
+     "--lr-wsd-decay-iters, --lr-wsd-decay-style: the WSD schedule's settings; add --lr-decay-style WSD"),
+])
+def test_wsd_flags_are_checked_with_one_line_each(argv, message):
+    from rapidgpt.arguments import build_parser, validate_args
+    from rapidgpt.flag_parser import ArgumentError
+    with pytest.raises(ArgumentError) as error:
+        validate_args(build_parser().parse_args(["--train-iters", "100", *argv]))
+    assert any(problem.startswith(message) for problem in error.value.problems), error.value.problems
 
 
 def test_lr_schedule_landmarks():

@@ -241,8 +241,6 @@ REFUSED = [
      "on matrices, none on biases and norms but the q/k norms' with --apply-wd-to-qk-layernorm)",
      ("--start-weight-decay", "--end-weight-decay", "--weight-decay-incr-style",
       "--dump-param-to-param-group-map"), ()),
-    ("the warmup-stable-decay (WSD) schedule is not built (--lr-decay-style constant, linear, cosine, "
-     "inverse-square-root)", ("--lr-wsd-*",), ()),
     ("freezing all layers is not built", ("--freeze-all-layers",), ()),
     ("an old Megatron spelling: use --micro-batch-size, --lr-warmup-iters or --tensor-model-parallel-size",
      ("--batch-size", "--warmup", "--model-parallel-size"), ()),

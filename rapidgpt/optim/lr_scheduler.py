@@ -21,9 +21,10 @@ weight decay is constant, as with Megatron's default `--weight-decay-incr-style 
 """
 import math
 
+from rapidgpt.config.wsd_schedule import WSD_DECAY_STYLES
 from rapidgpt.flag_parser import ArgumentError
 
-DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root")
+DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
 
 
 class OptimizerParamScheduler:
@@ -37,11 +38,14 @@ class OptimizerParamScheduler:
       - "inverse-square-root": `max(min_lr, max_lr * sqrt(warmup) / sqrt(num_steps))`;
       - otherwise `min_lr + coeff * (max_lr - min_lr)` with `ratio = (num_steps - warmup) /
         (decay - warmup)` and `coeff = 1 - ratio` ("linear") or `0.5 * (cos(pi * ratio) + 1)`
-        ("cosine").
+        ("cosine"); "WSD" (rapidgpt/config/wsd_schedule.py): `coeff = 1` until the last
+        `wsd_decay_steps` of the decay, then, with `r` the fraction of those done, `2 * 0.5^r - 1`
+        ("exponential"), `1 - r`, `0.5 * (cos(pi r) + 1)` or `1 - sqrt(r)` (`lr_wsd_decay_style`).
     """
 
     def __init__(self, max_lr, min_lr, lr_warmup_steps, lr_decay_steps, lr_decay_style, init_lr=0.0,
-                 decoupled_lr=None, decoupled_min_lr=None, mup_lr_mult=None):
+                 decoupled_lr=None, decoupled_min_lr=None, mup_lr_mult=None, wsd_decay_steps=None,
+                 lr_wsd_decay_style="exponential"):
         # Each message names the command-line flag(s) the value comes from, as users know those.
         if lr_decay_style not in DECAY_STYLES:
             raise ValueError(f"--lr-decay-style: unknown style {lr_decay_style!r}; "
@@ -75,6 +79,14 @@ class OptimizerParamScheduler:
         self.decoupled_min_lr = None if decoupled_lr is None else float(
             min_lr if decoupled_min_lr is None else decoupled_min_lr)
         self.mup_lr_mult = None if mup_lr_mult is None else float(mup_lr_mult)
+        if lr_decay_style == "WSD" and not (wsd_decay_steps and 0 < wsd_decay_steps <= lr_decay_steps):
+            raise ValueError(f"--lr-decay-style WSD: the annealing (--lr-wsd-decay-iters/-samples, {wsd_decay_steps} "
+                             f"samples) must be in (0, the decay length {lr_decay_steps} samples]")
+        if lr_wsd_decay_style not in WSD_DECAY_STYLES:
+            raise ValueError(f"--lr-wsd-decay-style: unknown style {lr_wsd_decay_style!r}; choose one of "
+                             f"{', '.join(WSD_DECAY_STYLES)}")
+        self.wsd_decay_steps = wsd_decay_steps if lr_decay_style == "WSD" else None
+        self.lr_wsd_decay_style = lr_wsd_decay_style if lr_decay_style == "WSD" else None
         self.num_steps = 0
 
     def get_lr(self):
@@ -104,9 +116,19 @@ class OptimizerParamScheduler:
         ratio = (self.num_steps - self.lr_warmup_steps) / (self.lr_decay_steps - self.lr_warmup_steps)
         if self.lr_decay_style == "linear":
             coeff = 1.0 - ratio
-        else:  # cosine
+        elif self.lr_decay_style == "cosine":
             coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
+        else:
+            coeff = self._wsd_coeff()
         return min_lr + coeff * (max_lr - min_lr)
+
+    def _wsd_coeff(self):
+        anneal_start = self.lr_decay_steps - self.wsd_decay_steps
+        if self.num_steps <= anneal_start:
+            return 1.0
+        r = (self.num_steps - anneal_start) / self.wsd_decay_steps
+        return {"linear": 1.0 - r, "cosine": 0.5 * (math.cos(math.pi * r) + 1.0),
+                "exponential": 2.0 * 0.5 ** r - 1.0, "minus_sqrt": 1.0 - math.sqrt(r)}[self.lr_wsd_decay_style]
 
     def step(self, increment):
         """Advance by `increment` samples (one iteration = the global batch size); returns the new lr."""
@@ -124,6 +146,8 @@ class OptimizerParamScheduler:
             "decoupled_lr": self.decoupled_lr,
             "decoupled_min_lr": self.decoupled_min_lr,
             "mup_lr_mult": self.mup_lr_mult,
+            "wsd_decay_steps": self.wsd_decay_steps,
+            "lr_wsd_decay_style": self.lr_wsd_decay_style,
             "num_steps": self.num_steps,
         }
 
@@ -163,6 +187,9 @@ SETTING_FLAGS = {
                       "or --lr-decay-samples)",
     "lr_decay_style": "--lr-decay-style",
     "decoupled_lr": "--decoupled-lr", "decoupled_min_lr": "--decoupled-min-lr",
+    "wsd_decay_steps": "the WSD annealing in samples (--lr-wsd-decay-iters x --global-batch-size, or "
+                       "--lr-wsd-decay-samples)",
+    "lr_wsd_decay_style": "--lr-wsd-decay-style",
     "mup_lr_mult": "muP's learning-rate multiplier (--use-mup, --hidden-size / --mup-base-hidden-size, --optimizer)",
 }
 
@@ -186,6 +213,7 @@ def build_lr_scheduler(args):
             decay_steps = train_samples
         warmup_steps = getattr(args, "lr_warmup_samples", 0)
         warmup_flag = "--lr-warmup-samples"
+        wsd_steps = getattr(args, "lr_wsd_decay_samples", None)
     elif train_iters:
         decay_iters = getattr(args, "lr_decay_iters", None)
         if decay_iters is None:
@@ -194,6 +222,8 @@ def build_lr_scheduler(args):
         warmup_flag = "--lr-warmup-iters"
         decay_steps = decay_iters * args.global_batch_size
         warmup_steps = warmup_iters * args.global_batch_size
+        wsd_iters = getattr(args, "lr_wsd_decay_iters", None)
+        wsd_steps = None if wsd_iters is None else wsd_iters * args.global_batch_size
     else:
         raise ArgumentError("--train-iters: the LR schedule needs the training length; give --train-iters "
                             "or --train-samples (a Finetuner: --epochs)")
@@ -220,4 +250,6 @@ def build_lr_scheduler(args):
         decoupled_lr=getattr(args, "decoupled_lr", None),
         decoupled_min_lr=getattr(args, "decoupled_min_lr", None),
         mup_lr_mult=args.mup.lr_mult(getattr(args, "optimizer", "adam")) if getattr(args, "mup", None) else None,
+        wsd_decay_steps=wsd_steps,
+        lr_wsd_decay_style=getattr(args, "lr_wsd_decay_style", "exponential"),
     )

@@ -82,6 +82,9 @@ def _batch_args(parser):
     g.add_argument("--train-iters", type=int, default=None)
     g.add_argument("--train-samples", type=int, default=None)
     g.add_argument("--epochs", type=int, default=None, help="finetuning: passes over the train set")
+    g.add_argument("--iterations-to-skip", nargs="+", type=int, default=[],
+                   help="Megatron's: these iterations (numbered from 1) consume their samples without a step, "
+                        "e.g. past a batch that spiked the loss")
     g.add_argument("--calculate-per-token-loss", action="store_true",
                    help="Megatron's: the step's loss is the mean over all its tokens (every micro-batch and "
                         "data-parallel rank), not the mean of per-micro-batch means; the loss function returns "
@@ -623,6 +626,8 @@ def _check_schedule(args, check, world_size):
         check.require(value is None or value > 0, f"{_flag(name)}: must be positive, got {value}")
     for name in ("lr_warmup_iters", "lr_warmup_samples"):
         check.require(getattr(args, name) >= 0, f"{_flag(name)}: must be >= 0, got {getattr(args, name)}")
+    check.require(all(i > 0 for i in args.iterations_to_skip),
+                  f"--iterations-to-skip: iterations are numbered from 1, got {args.iterations_to_skip}")
     if args.train_samples and args.train_samples > 0 and args.global_batch_size > 0:
         args.train_iters = math.ceil(args.train_samples / args.global_batch_size)
     if args.lr is None:

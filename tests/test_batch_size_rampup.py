@@ -1,6 +1,6 @@
 """Megatron's batch-size ramp-up (--rampup-batch-size START INCREMENT SAMPLES): the batch sizes and
 the number of iterations against a line-by-line port of Megatron-LM's rule, its flag checks, and
-a run that follows the ramp and resumes mid-ramp exactly."""
+a run that follows the ramp and resumes mid-ramp exactly; --iterations-to-skip on the ramp."""
 import re
 import shutil
 
@@ -129,3 +129,25 @@ def test_a_run_follows_the_ramp_and_resumes_mid_ramp_exactly(tmp_path, capsys):
     for tag in ("lm_loss", "batch-size"):
         expected_scalars = {i: v for i, v in scalars(tmp_path / "full", tag).items() if i > 5}
         assert len(expected_scalars) == 11 and scalars(tmp_path / "resumed", tag) == expected_scalars, tag
+
+
+@pytest.mark.usefixtures("demo_cache")
+def test_iterations_to_skip_consume_their_ramped_batch_without_a_step(capsys):
+    """--iterations-to-skip 3 8 on the ramp above, as Megatron's dummy_train_step: iterations 3
+    (4 samples) and 8 (8 samples) print no line but their samples are consumed, so every other
+    iteration has the uninterrupted ramp's batch size and consumed samples; no step is taken, so
+    the LR schedule (linear decay over 160 samples; the log shows the rate after the step, as
+    Megatron's) does not advance over the skipped samples."""
+    lines, out = run(capsys, "--iterations-to-skip", "3", "8")
+    megatron, consumed, expected, stepped, stepped_after = MegatronRampup(16, 4, 4, 64), 0, {}, 0, {}
+    for i in range(1, megatron.train_iters(160) + 1):
+        size = megatron.update(consumed)
+        consumed += size
+        expected[i] = ("16", str(consumed), str(size))
+        stepped += 0 if i in (3, 8) else size
+        stepped_after[i] = stepped
+    assert {i: line[:3] for i, line in lines.items()} == {i: v for i, v in expected.items() if i not in (3, 8)}
+    assert " > iteration 3 skipped (--iterations-to-skip): its 4 samples consumed without a step" in out
+    assert " > iteration 8 skipped (--iterations-to-skip): its 8 samples consumed without a step" in out
+    logged = {int(i): float(lr) for i, lr in re.findall(r" iteration\s+(\d+)/.*?\| learning rate: ([\d.E+-]+) \|", out)}
+    assert logged == pytest.approx({i: 1e-3 * (1 - stepped_after[i] / 160) for i in lines}, rel=1e-5)

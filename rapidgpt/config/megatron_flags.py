@@ -249,7 +249,6 @@ REFUSED = [
     ("Megatron's GPU health checks are not built (--test-mode and "
      "--check-weight-hash-across-dp-replicas-interval compare the ranks' copies of the weights)",
      ("--gpu-sniff-test-interval",), ()),
-    ("skipping chosen iterations is not built", ("--iterations-to-skip",), ()),
     ("the exit signal is SIGTERM (or SIGINT); another is not built", ("--exit-signal",), ()),
     ("PyTorch's profiler and CUDA memory history are not built (see --profile)",
      ("--use-pytorch-profiler", "--pytorch-profiler-*", "--profile-ranks", "--record-memory-history",

@@ -265,7 +265,10 @@ class Trainer:
 
         Saves every --save-interval and at the end (with --save). On SIGTERM/SIGINT,
         --exit-interval or --exit-duration-in-mins it saves at the step boundary and returns
-        False (training did not finish); otherwise True.
+        False (training did not finish); otherwise True. An iteration of --iterations-to-skip reads
+        and drops its micro-batches and counts its samples as consumed, as Megatron's
+        dummy_train_step: no step, no LR schedule step, no log line of Megatron's, evaluation or
+        save there.
         """
         args, timers = self.args, self.timers
         rampup = getattr(args, "batch_size_rampup", None)
@@ -294,6 +297,13 @@ class Trainer:
                     if rampup is not None:
                         gbs = self._ramped_batch_size(rampup, consumed, gbs if iteration > start_iteration + 1 else None)
                     n = args.num_micro_batches if rampup is None else gbs // rampup.per_micro_batch
+                    if iteration in args.iterations_to_skip:
+                        for _ in range(n):
+                            next(train_batches)
+                        consumed += gbs
+                        self.logger.info(f" > iteration {iteration} skipped (--iterations-to-skip): its {gbs} "
+                                         f"samples consumed without a step")
+                        continue
                     step = step_of(n)
                     start = time.perf_counter()
                     timers("batch-generator", log_level=1).start()

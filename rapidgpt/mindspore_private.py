@@ -66,6 +66,20 @@ def graphs_compiled_in_this_process():
     return bool(api.ms_compile_cache or any(api.cells_compile_cache.values()) or jit_trace._trace_compile_cache)
 
 
+def graph_cache_entry_script():
+    """The entry script MindSpore's graph cache hashes (None when it found none, or on another
+    MindSpore version).
+
+    Why private: MindSpore 2.10 takes it from sys.argv[0] when `mindspore.graph.api` is imported,
+    keeps it in that module's `entry_script_path`, and opens it at every cache-enabled compile: in a
+    process started by `python -c` (a script given inline, pytest-xdist's workers) that is the file
+    "-c", and the compile fails with FileNotFoundError."""
+    if not written_for_this_version("the training step's compile cache"):
+        return None
+    from mindspore.graph import api
+    return api.entry_script_path
+
+
 # ---- devices --------------------------------------------------------------------------------------
 
 def device_supported(device_name):

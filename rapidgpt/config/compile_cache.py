@@ -36,7 +36,8 @@ MindSpore variables that change compilation (MS_DEV_*, MS_JIT*). Not cached: pip
 steps (their layers compile one by one under PyNative's autograd), evaluation and generation graphs
 (compiled later, in an order that depends on the run), a step compiled after another graph in the
 same process (tests' batched runs, a hand-written loop with several forward functions; one line
-says so).
+says so), a process with no entry script file (`python -c`, an interactive session: MindSpore's
+cache reads that file at every compile, and fails without it).
 
 Kernels: MindSpore keeps compiled kernels in MS_COMPILER_CACHE_PATH as well; each rank's part of
 the keyed directory (`<key>/rank_<rank>`, its MS_COMPILER_CACHE_PATH while the step compiles)
@@ -204,11 +205,17 @@ class StepGraphCache:
         return stat.st_size, stat.st_mtime_ns
 
     def first_call(self, call, inputs):
-        from rapidgpt.mindspore_private import graphs_compiled_in_this_process
+        from rapidgpt.mindspore_private import graph_cache_entry_script, graphs_compiled_in_this_process
         global _SWITCHED_ON_IN_THIS_PROCESS
         if _SWITCHED_ON_IN_THIS_PROCESS or graphs_compiled_in_this_process():
             self.logger.info(" > compile cache: not used for this training step: another graph was compiled in "
                              "this process before it (MindSpore would file it by compile order, not by its key)")
+            return call()
+        entry = graph_cache_entry_script()
+        if entry is None or not os.path.isfile(entry):
+            self.logger.info(" > compile cache: not used for this training step: MindSpore's graph cache reads "
+                             "the script the process started from, and this one started from none (python -c, "
+                             "an interactive session)")
             return call()
         _SWITCHED_ON_IN_THIS_PROCESS = True
         key_directory = os.path.join(self.root, graph_key(self.args, self.parameters, inputs))

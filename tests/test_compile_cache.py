@@ -99,15 +99,22 @@ def test_a_step_compiled_after_another_graph_is_not_cached(tmp_path, monkeypatch
         return x * 2 + 1
 
     other_graph(ms.Tensor(np.ones(3, np.float32)))
-    monkeypatch.setenv("RAPIDGPT_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("MS_COMPILER_CACHE_ENABLE", raising=False)
+    assert_compiled_uncached(tmp_path, monkeypatch, " > compile cache: not used for this training step: another "
+                             "graph was compiled in this process before it (MindSpore would file it by compile "
+                             "order, not by its key)")
+
+
+def assert_compiled_uncached(tmp_path, monkeypatch, line):
+    """A step's first call runs it, says `line` alone and leaves the cache directory unmade."""
+    monkeypatch.setenv("RAPIDGPT_CACHE_DIR", str(tmp_path))
     cache = compile_cache.StepGraphCache(Namespace(**ARGS), PARAMETERS, rank=0)
     said = []
     cache.logger = types.SimpleNamespace(info=said.append, warning=said.append)
     assert cache.first_call(lambda: "the step ran", BATCH) == "the step ran"
-    assert said == [" > compile cache: not used for this training step: another graph was compiled in this "
-                    "process before it (MindSpore would file it by compile order, not by its key)"]
+    assert said == [line]
     assert not (tmp_path / "compiled_steps").exists()
+
 
 def test_a_process_with_no_entry_script_file_compiles_without_the_cache(tmp_path, monkeypatch):
     """MindSpore's graph cache opens the script the process started from at every cache-enabled
@@ -118,14 +125,9 @@ def test_a_process_with_no_entry_script_file_compiles_without_the_cache(tmp_path
     monkeypatch.setattr(mindspore_private, "graphs_compiled_in_this_process", lambda: False)
     monkeypatch.setattr(mindspore_private, "graph_cache_entry_script", lambda: str(tmp_path / "-c"))
     monkeypatch.setattr(compile_cache, "_SWITCHED_ON_IN_THIS_PROCESS", False)
-    monkeypatch.setenv("RAPIDGPT_CACHE_DIR", str(tmp_path))
-    cache = compile_cache.StepGraphCache(Namespace(**ARGS), PARAMETERS, rank=0)
-    said = []
-    cache.logger = types.SimpleNamespace(info=said.append, warning=said.append)
-    assert cache.first_call(lambda: "the step ran", BATCH) == "the step ran"
-    assert said == [" > compile cache: not used for this training step: MindSpore's graph cache reads the script "
-                    "the process started from, and this one started from none (python -c, an interactive session)"]
-    assert not (tmp_path / "compiled_steps").exists()
+    assert_compiled_uncached(tmp_path, monkeypatch, " > compile cache: not used for this training step: MindSpore's "
+                             "graph cache reads the script the process started from, and this one started from "
+                             "none (python -c, an interactive session)")
 
 
 def test_a_second_start_loads_the_step_and_trains_exactly_as_the_first(env, tmp_path):

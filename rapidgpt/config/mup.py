@@ -85,9 +85,10 @@ class MupConfig:
     def describe(self, optimizer):
         """One start-up line."""
         scaled = ("vector-like parameters' lr" if optimizer == "sgd" else "hidden matrices' lr and Adam eps")
+        lr_mult = self.lr_mult(optimizer)
         return (f" > muP: width multiplier {self.width_mult:g}, attention scale {self.softmax_scale:.6g}, "
                 f"embeddings x{self.embedding_mult:g}, logits x{self.output_mult:g}"
-                + (f", {scaled} x{self.lr_mult(optimizer):g}" if self.lr_mult(optimizer) else ""))
+                + (f", {scaled} x{lr_mult:g}" if lr_mult else ""))
 
 
 def check_mup_args(args, check):

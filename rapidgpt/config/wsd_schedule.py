@@ -10,11 +10,12 @@ before MindSpore loads.
 """
 
 WSD_DECAY_STYLES = ("exponential", "linear", "cosine", "minus_sqrt")
+DEFAULT_WSD_DECAY_STYLE = WSD_DECAY_STYLES[0]          # Megatron's
 
 
 def add_wsd_args(parser):
     g = parser.add_argument_group("warmup-stable-decay schedule (--lr-decay-style WSD)")
-    g.add_argument("--lr-wsd-decay-style", choices=WSD_DECAY_STYLES, default="exponential",
+    g.add_argument("--lr-wsd-decay-style", choices=WSD_DECAY_STYLES, default=DEFAULT_WSD_DECAY_STYLE,
                    help="the annealing's shape at the end of a WSD schedule")
     g.add_argument("--lr-wsd-decay-iters", type=int, default=None,
                    help="the annealing's length in iterations (with --train-iters)")
@@ -28,7 +29,7 @@ def check_wsd_args(args, check):
     iters, samples = args.lr_wsd_decay_iters, args.lr_wsd_decay_samples
     if args.lr_decay_style != "WSD":
         given = [flag for flag, value in (("--lr-wsd-decay-iters", iters), ("--lr-wsd-decay-samples", samples),
-                                          ("--lr-wsd-decay-style", None if args.lr_wsd_decay_style == "exponential"
+                                          ("--lr-wsd-decay-style", None if args.lr_wsd_decay_style == DEFAULT_WSD_DECAY_STYLE
                                            else args.lr_wsd_decay_style)) if value is not None]
         check.require(not given, f"{', '.join(given)}: the WSD schedule's settings; add --lr-decay-style WSD, or "
                                  f"drop them")

@@ -179,7 +179,7 @@ class AdamW(_Optimizer):
         t = ops.cast(self.step_count, ms.float32)
         beta1_power, beta2_power = ops.pow(self.beta1, t), ops.pow(self.beta2, t)
         eps = self.eps * ops.sqrt(1 - beta2_power)
-        mup_eps = eps / self.mup_width_mult
+        mup_eps = eps / self.mup_width_mult if self.mup_width_mult != 1.0 else eps
         if self.update_mapped and self.lr_slots is None and self.mup_width_mult == 1.0:
             done = map_tensors(ops.partial(_adamw_update, beta1_power, beta2_power, lr, self.beta1, self.beta2, eps),
                                self.parameters, self.exp_avg, self.exp_avg_sq, grads, self.weight_decays)

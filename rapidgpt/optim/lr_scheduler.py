@@ -21,7 +21,7 @@ weight decay is constant, as with Megatron's default `--weight-decay-incr-style 
 """
 import math
 
-from rapidgpt.config.wsd_schedule import WSD_DECAY_STYLES
+from rapidgpt.config.wsd_schedule import DEFAULT_WSD_DECAY_STYLE, WSD_DECAY_STYLES
 from rapidgpt.flag_parser import ArgumentError
 
 DECAY_STYLES = ("constant", "linear", "cosine", "inverse-square-root", "WSD")
@@ -45,7 +45,7 @@ class OptimizerParamScheduler:
 
     def __init__(self, max_lr, min_lr, lr_warmup_steps, lr_decay_steps, lr_decay_style, init_lr=0.0,
                  decoupled_lr=None, decoupled_min_lr=None, mup_lr_mult=None, wsd_decay_steps=None,
-                 lr_wsd_decay_style="exponential"):
+                 lr_wsd_decay_style=DEFAULT_WSD_DECAY_STYLE):
         # Each message names the command-line flag(s) the value comes from, as users know those.
         if lr_decay_style not in DECAY_STYLES:
             raise ValueError(f"--lr-decay-style: unknown style {lr_decay_style!r}; "
@@ -251,5 +251,5 @@ def build_lr_scheduler(args):
         decoupled_min_lr=getattr(args, "decoupled_min_lr", None),
         mup_lr_mult=args.mup.lr_mult(getattr(args, "optimizer", "adam")) if getattr(args, "mup", None) else None,
         wsd_decay_steps=wsd_steps,
-        lr_wsd_decay_style=getattr(args, "lr_wsd_decay_style", "exponential"),
+        lr_wsd_decay_style=getattr(args, "lr_wsd_decay_style", DEFAULT_WSD_DECAY_STYLE),
     )

@@ -3,7 +3,7 @@ and Rapidformer's EasyNLP ones, read as they were written: the tokenizer inferre
 vocabulary files, missing files named up front, several --valid-data files read in order, --task
 handed to a --user-script. Flag checks, but for the user script's process and one process that
 trains the old pretrain_gpt.sh and pretrain_bert.sh command lines, Megatron's Llama 3 example and its
-FIM functional test end to end."""
+FIM, muP and reruns functional tests end to end."""
 import re
 import subprocess
 import sys
@@ -61,6 +61,27 @@ FIM_CONFIG = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads
 MUP_CONFIG = FIM_CONFIG[:FIM_CONFIG.index("--fim-data")] + ["--async-save", "--use-persistent-ckpt-worker",
                                                            "--no-mmap-bin-files", "--use-mup", "--mup-base-hidden-size",
                                                            "16"]
+
+# gpt3_mcore_reruns_persistent_1 (d98e8a6), every flag but the paths, sizes made tiny, one process (its PP=2:
+# tests/test_llama.py's layouts), and its --error-injection-rate 100 made 1, so that the error is injected in
+# the first checked step (iteration 2) rather than in one of its 50 iterations.
+RERUNS_PERSISTENT = ["--deterministic-mode", "--bf16", "--train-iters", "4", "--eval-iters", "0", "--manual-gc",
+                     "--use-mcore-models", "--distributed-backend", "nccl", "--sequence-parallel",
+                     "--tensor-model-parallel-size", "1", "--micro-batch-size", "1", "--global-batch-size", "4",
+                     "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--rotary-percent",
+                     "1.0", "--max-position-embeddings", "64", "--num-layers", "2", "--hidden-size", "64",
+                     "--ffn-hidden-size", "128", "--num-attention-heads", "4", "--num-query-groups", "2", "--seq-length",
+                     "64", "--kv-channels", "16", "--group-query-attention", "--normalization", "RMSNorm", "--swiglu",
+                     "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--no-create-attention-mask-in-dataloader",
+                     "--transformer-impl", "transformer_engine", "--disable-bias-linear", "--clip-grad", "1.0",
+                     "--overlap-grad-reduce", "--overlap-param-gather", "--lr", "3e-4", "--lr-warmup-samples", "0",
+                     "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--adam-eps", "1e-8", "--use-distributed-optimizer",
+                     "--split", "949,50,1", "--no-gradient-accumulation-fusion", "--save-interval", "10000",
+                     "--eval-interval", "1000", "--ckpt-format", "torch_dist", "--dist-ckpt-strictness", "log_all",
+                     "--timing-log-level", "0", "--log-interval", "1", "--log-params-norm", "--log-num-zeros-in-grad",
+                     "--log-validation-ppl-to-tensorboard", "--log-timers-to-tensorboard", "--log-memory-to-tensorboard",
+                     "--rerun-mode", "validate_results", "--error-injection-rate", "1", "--error-injection-type",
+                     "persistent_error", "--async-save", "--use-persistent-ckpt-worker"]
 
 # Megatron's examples/pretrain_gpt.sh and pretrain_bert.sh (v2-v3), sizes made tiny, paths local.
 OLD_GPT = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--micro-batch-size", "4",
@@ -184,6 +205,10 @@ def old_scripts(env, tmp_path_factory):
     lines["mup"] = ["--task", "pretraining", *MUP_CONFIG, "--data-path", gpt["data_prefix"], "--vocab-file",
                     gpt["vocab_file"], "--merge-file", gpt["merge_file"], "--data-cache-path", str(folder / "mup_cache"),
                     "--load", str(folder / "mup_ckpt")]
+    lines["reruns"] = ["--task", "pretraining", *RERUNS_PERSISTENT, "--data-path", gpt["data_prefix"], "--vocab-file",
+                       gpt["vocab_file"], "--merge-file", gpt["merge_file"], "--data-cache-path",
+                       str(folder / "reruns_cache"), "--save", str(folder / "reruns_ckpt"), "--load",
+                       str(folder / "reruns_ckpt"), "--tensorboard-dir", str(folder / "reruns_tb")]
     runs = BatchedRuns(env, folder, [(1, argv) for argv in lines.values()])
     return {name: runs(1, argv)[:2] for name, argv in lines.items()}
 
@@ -238,3 +263,16 @@ def test_megatrons_mup_functional_test_trains(old_scripts):
     assert " > muP's lr x0.5 for layers.*.mlp.dense_4h_to_h.weight, layers.*.mlp.dense_h_to_4h.weight, " \
            "layers.*.self_attention.dense.weight, layers.*.self_attention.query_key_value.weight" in log
     assert "validation loss at the end of training for val data" in log
+
+
+def test_megatrons_reruns_functional_test_saves_and_exits_as_megatron(old_scripts):
+    """The rerun state machine with an injected persistent error: the lines its AFTER_SCRIPT looks
+    for, the checkpoint of iteration 1 to re-run iteration 2 from, and Megatron's exit code 16."""
+    status, log = old_scripts["reruns"]
+    assert status == 16, log[-3000:]
+    assert re.findall(r" iteration\s+(\d+)/\s*4 \|", log) == ["1"], log[-3000:]
+    for line in ("Result validation enabled", "Injecting error type Persistent error",
+                 "First rerun: unexpected result is reproducible within the tolerance",
+                 "Saving a checkpoint and exiting now. Please resume the job from the checkpoint to rerun the last "
+                 "iteration and establish a diagnostic", "successfully saved checkpoint at iteration       1"):
+        assert line in log, line

@@ -69,15 +69,14 @@ def test_a_refused_flag_given_megatrons_default_passes(argv):
 
 
 def test_values_of_refused_flags_that_ask_for_what_rapidgpt_does_are_accepted_with_one_line(capsys):
-    """--rerun-mode disabled (no step is ever re-run here), --spec local (the built-in layers);
-    their other values stay refused."""
-    args = parse_args(argv=BASE + ["--rerun-mode", "disabled", "--spec", "local"])
+    """--spec local (the built-in layers); its other values stay refused."""
+    args = parse_args(argv=BASE + ["--spec", "local"])
     lines = implementation_choice_lines(args)
-    assert sorted(line.split(":")[0] for line in lines) == [" > --rerun-mode disabled", " > --spec local"]
+    assert [line.split(":")[0] for line in lines] == [" > --spec local"]
     with pytest.raises(SystemExit):
-        parse_args(argv=BASE + ["--rerun-mode", "report_stats", "--spec", "my.module", "my_spec"])
+        parse_args(argv=BASE + ["--spec", "my.module", "my_spec"])
     err = capsys.readouterr().err
-    assert "--rerun-mode: refused: Megatron's rerun state machine" in err and "--spec: refused: custom layer" in err
+    assert "--spec: refused: custom layer" in err
 
 
 def test_megatrons_other_checkpoint_formats_get_a_reason_not_a_choices_error(capsys):

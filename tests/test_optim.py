@@ -564,7 +564,7 @@ def test_zeros_and_params_norm_in_the_compiled_update_match_numpy(precision):
         for g in grads:
             g[rng.random(g.shape) < 0.4] = 0.0
         before = math.sqrt(sum((m.asnumpy().astype(np.float64) ** 2).sum() for m in wrapper.main_params))
-        updated, _, _, zeros, params_norm = update(ms.mutable(tuple(Tensor(g).astype(p.dtype) for g, p in
+        updated, _, _, zeros, params_norm, _ = update(ms.mutable(tuple(Tensor(g).astype(p.dtype) for g, p in
                                                                      zip(grads, params))), Tensor(0.1, ms.float32))
         after = math.sqrt(sum((m.asnumpy().astype(np.float64) ** 2).sum() for m in wrapper.main_params))
         assert bool(updated) and float(zeros) == sum(int((g == 0).sum()) for g in grads) > 0

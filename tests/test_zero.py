@@ -346,7 +346,7 @@ def assert_steps_alike(plain, sharded, flat_grads):
         for g in grads:
             g[rng.random(g.shape) < 0.3] = 0.0          # --log-num-zeros-in-grad counts these
         grads = tuple(ms.Tensor(g, ms.float16) for g in grads)
-        _, _, _, zeros, params_norm = plain(grads, ms.Tensor(1e-2, ms.float32))
+        _, _, _, zeros, params_norm, _ = plain(grads, ms.Tensor(1e-2, ms.float32))
         found = sharded(tuple(g.reshape(-1) for g in grads) if flat_grads else grads, ms.Tensor(1e-2, ms.float32))
         assert float(zeros) == float(found[3]) == sum(int((g.asnumpy() == 0).sum()) for g in grads)
         main = np.sqrt(sum((p.asnumpy().astype(np.float64) ** 2).sum() for p in plain.main_params))

@@ -10,7 +10,7 @@ from Megatron's own parser, with how it reads each one). A flag is, in this orde
 3. refused (REFUSED): a value other than Megatron's default stops the run with one line naming
    the feature that is not built and what to do instead. The default value itself (a launch
    script that spells out a default) passes, and so do the values of ACCEPTED_VALUES, which ask
-   for what RapidGPT does (e.g. `--rerun-mode disabled`), with one start-up line.
+   for what RapidGPT does (e.g. `--spec local`), with one start-up line.
 
 The table is `answers()`; `python -m rapidgpt.config.megatron_flags` prints it as the README's
 section "Megatron-LM flags". Importing this module imports nothing heavy (flags are checked
@@ -126,8 +126,6 @@ IMPLEMENTATION = {
     "--manual-gc-interval": "the step is one compiled graph; Python's garbage collector does not run inside it",
     "--no-manual-gc-eval": "see --manual-gc-interval",
     "--train-sync-interval": "the host waits for every step's loss, so it never runs ahead",
-    "--no-check-for-nan-in-loss-and-grad": "a step whose gradients are not finite is skipped and counted in the "
-                                           "iteration line (number of skipped/nan iterations), in every precision",
     "--no-pin-cpu-grads": "there is no CPU offloading to pin memory for",
     "--no-pin-cpu-params": "there is no CPU offloading to pin memory for",
     "--record-shapes": "see --profile",
@@ -186,8 +184,6 @@ REFUSED = [
      "checkpoint (--load)", (), ("ft_package",)),
     ("Megatron's fault injector is not built", (), ("fault injector",)),
     ("the straggler detector is not built (the iteration line shows each step's time)", (), ("straggler",)),
-    ("Megatron's rerun state machine (re-running a step to tell a faulty GPU from a bad loss) is not built",
-     ("--check-for-large-grads", "--result-rejected-tracker-filename"), ("rerun engine",)),
     ("the workload inspector server is not built", (), ("workload inspector",)),
     ("ADLR autoresume is not built; resume with --load", (), ("autoresume",)),
     ("NVIDIA's one-logger is not built; use --tensorboard-dir", (), ("one logger",)),
@@ -303,8 +299,6 @@ REFUSED = [
 
 # (refused flag, value) -> what it means here: values that ask for what RapidGPT does anyway.
 ACCEPTED_VALUES = {
-    ("--rerun-mode", "disabled"): "there is no rerun state machine here: no step is ever re-run, which is what "
-                                  "disabled asks",
     ("--spec", "local"): "Megatron's local (non-Transformer-Engine) layer spec: the layers are RapidGPT's own, "
                          "the built-in model of the model flags",
 }

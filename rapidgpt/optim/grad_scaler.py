@@ -27,7 +27,7 @@ class ConstantGradScaler(nn.Cell):
         super().__init__(auto_prefix=False)
         self.scale = Parameter(Tensor(scale, ms.float32), name="grad_scaler.scale", requires_grad=False)
 
-    def update(self, found_inf):
+    def update(self, found_inf, held=None):
         return self.scale
 
 
@@ -46,8 +46,10 @@ class DynamicGradScaler(nn.Cell):
         self.growth_interval = Tensor(growth_interval, ms.int32)
         self.hysteresis = Tensor(hysteresis, ms.int32)
 
-    def update(self, found_inf):
-        """Apply one step's outcome (`found_inf`: bool scalar tensor); returns the new scale."""
+    def update(self, found_inf, held=None):
+        """Apply one step's outcome (`found_inf`: bool scalar tensor); returns the new scale. A step
+        `held` by the rerun state machine (bool scalar tensor, or None) changes nothing: it is run
+        again, and Megatron re-runs such a step before its optimizer (and scaler) sees it."""
         zero = ops.zeros((), ms.int32)
         hysteresis_left = self.hysteresis_tracker - 1
         grown = self.growth_tracker + 1
@@ -58,6 +60,10 @@ class DynamicGradScaler(nn.Cell):
         growth = ops.select(ops.logical_or(found_inf, grow), zero, grown)
         hysteresis = ops.select(found_inf, hysteresis_left,
                                 ops.select(grow, self.hysteresis, self.hysteresis_tracker))
+        if held is not None:
+            growth = ops.select(held, self.growth_tracker, growth)
+            hysteresis = ops.select(held, self.hysteresis_tracker, hysteresis)
+            scale = ops.select(held, self.scale, scale)
         ops.assign(self.growth_tracker, growth)
         ops.assign(self.hysteresis_tracker, hysteresis)
         ops.assign(self.scale, scale)

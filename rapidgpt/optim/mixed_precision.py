@@ -25,8 +25,12 @@ FP32Optimizer do it.
                      in every precision; each element counted once over the ranks holding them),
                      as Megatron's calc_params_l2_norm reads them
 
-`wrapper(grads, lr) -> (updated, grad norm, loss scale, num zeros, params norm)`, traceable: it
-runs inside the compiled step; the last two are 0 unless `report` asked for them. Main parameters: in fp32 runs the model's own parameters; in 16-bit runs fp32 copies
+`wrapper(grads, lr) -> (updated, grad norm, loss scale, num zeros, params norm, held)`, traceable:
+it runs inside the compiled step; num zeros and params norm are 0 unless `report` asked for them.
+`wrapper(grads, lr, loss, validation)`: the rerun state machine's checks
+(rapidgpt/training/rerun_state_machine.py) on the step's loss and gradient norm, `validation` =
+`[loss limit, norm limit, hold non-finite, hold]` (float32 [4]); a step they reject is held: no
+update and no loss-scale change (it is not an overflow), and `held` is True. Main parameters: in fp32 runs the model's own parameters; in 16-bit runs fp32 copies
 (`main_params.<name>`) that the inner optimizer and its fp32 state (Adam's moments) belong to,
 as in Megatron's Float16OptimizerWithFloat16Params. Model states per parameter are then 2 bytes
 (16-bit weight) + 2 (16-bit gradient) + 4 (fp32 main weight) + 8 (fp32 Adam moments), the 16
@@ -61,6 +65,18 @@ MAIN_PARAMS_PREFIX = "main_params."
 def checkpoint_name(name):
     """The name a wrapper's tensor has in checkpoints: an fp32 run's name for it."""
     return name.replace(MAIN_PARAMS_PREFIX, "", 1)
+
+
+def rejected(loss, norm, validation):
+    """Whether the rerun state machine's checks reject a step (graph scalars): `validation` =
+    `[loss limit, norm limit, hold non-finite, hold]`; a finite loss (gradient norm) at or above its
+    limit (+inf: none) is too large, as Megatron's is_unexpectedly_large; with `hold non-finite`
+    a NaN/Inf loss or norm is rejected; `hold` rejects whatever the values."""
+    def too_large(value, limit):
+        return ops.logical_and(ops.isfinite(value), value >= limit)
+    non_finite = ops.logical_not(ops.logical_and(ops.isfinite(loss), ops.isfinite(norm)))
+    return ops.logical_or(ops.logical_or(validation[3] > 0, ops.logical_and(validation[2] > 0, non_finite)),
+                          ops.logical_or(too_large(loss, validation[0]), too_large(norm, validation[1])))
 
 
 class OptimizerWrapper(nn.Cell):
@@ -136,7 +152,7 @@ class OptimizerWrapper(nn.Cell):
             return ops.ones((), ms.float32)
         return self.grad_scaler.scale
 
-    def construct(self, grads, lr):
+    def construct(self, grads, lr, loss=None, validation=None):
         if self.half:
             grads = map_tensors(to_fp32, grads)
         if self.grad_scaler is not None:
@@ -144,8 +160,11 @@ class OptimizerWrapper(nn.Cell):
         norm = global_grad_norm(grads, self.norm_sum_over_ranks, self.in_norm)
         # A NaN/Inf gradient makes the norm non-finite (as does a norm beyond fp32, which
         # clipping would turn into a zero update): one scalar test instead of a pass over grads.
-        updated = ops.isfinite(norm)
-        scale = self.loss_scale() if self.grad_scaler is None else self.grad_scaler.update(ops.logical_not(updated))
+        finite = ops.isfinite(norm)
+        held = ops.zeros((), ms.bool_) if validation is None else rejected(loss, norm, validation)
+        updated = ops.logical_and(finite, ops.logical_not(held))
+        scale = self.loss_scale() if self.grad_scaler is None else \
+            self.grad_scaler.update(ops.logical_not(finite), held)
         grads, norm = clip_grads_by_global_norm(grads, self.clip_grad, norm)
         if updated:
             self.step(grads, lr)
@@ -160,7 +179,7 @@ class OptimizerWrapper(nn.Cell):
         if self.measures_params:     # the graph orders a Parameter's reads after its writes
             norm_of_params = params_norm(self.main_params, self.params_sum_over_ranks, self.params_in_norm,
                                          after=zeros if self.counts_zeros else None)
-        return updated, norm, scale, zeros, norm_of_params
+        return updated, norm, scale, zeros, norm_of_params, held
 
     def step(self, grads, lr):
         done = self.optimizer(grads, lr)

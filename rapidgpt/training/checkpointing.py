@@ -96,10 +96,10 @@ class ExitSignal:
 
 
 def save_checkpoint(args, iteration, consumed_samples, model, optimizer, scheduler, directory=None,
-                    keep_last_n=None, extra_metadata=None):
+                    keep_last_n=None, extra_metadata=None, rerun_state=None):
     """Write checkpoint `iteration` under --save (or `directory`) atomically, publish it, prune old
     ones (all but the newest --keep-last-n-checkpoints, or `keep_last_n`). `extra_metadata` is
-    added to metadata.json. Every rank calls it; with several processes the steps below run on
+    added to metadata.json, `rerun_state` (the rerun state machine's) to each rank's state. Every rank calls it; with several processes the steps below run on
     the ranks named, and every rank learns whether a step failed anywhere before the next starts
     (so all of them raise the same error, and nothing half-written is published):
 
@@ -131,6 +131,7 @@ def save_checkpoint(args, iteration, consumed_samples, model, optimizer, schedul
             "scheduler": scheduler.state_dict() if not args.no_save_optim else None,
             "rng": rng_state() if not args.no_save_rng else None,
             "has_optimizer": not args.no_save_optim,
+            "rerun_state_machine": rerun_state,
             "model_parameters": list(whole_parameters(model)),
             "tensor_parallel_layout": tensor_parallel_layout(model, params)})
         fsync_path(rank_dir)
@@ -326,14 +327,16 @@ def _assign(targets, checkpoint):
         param.set_data(value.astype(param.dtype))
 
 
-def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
-    """Restore model (+ optimizer, scheduler, RNG unless told not to) from --load.
+def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None, rerun=None):
+    """Restore model (+ optimizer, scheduler, RNG unless told not to, and the state of `rerun`, a
+    rapidgpt.training.rerun_state_machine.RerunStateMachine) from --load.
 
     Returns `(iteration, consumed_train_samples)` to continue from; `(0, 0)` with --finetune,
     which takes the weights only (as does a call without an optimizer, e.g. for generation). Must run before the first compiled step (graphs do not see
     `set_data` made after they ran).
     """
-    checkpoint = _RankCheckpoint(find_checkpoint(args.load, logger), stage_layers=run_stage_layers(args))
+    path = find_checkpoint(args.load, logger)
+    checkpoint = _RankCheckpoint(path, stage_layers=run_stage_layers(args))
     meta = checkpoint.meta
     finetune = args.finetune or optimizer is None
     load_optimizer = not (finetune or args.no_load_optim) and meta["has_optimizer"]
@@ -364,6 +367,10 @@ def load_checkpoint(args, model, optimizer=None, scheduler=None, logger=None):
                            f"a longer schedule, pass the new flags with --override-opt_param-scheduler")
     if not args.no_load_rng and meta["rng"] is not None:
         set_rng_state(meta["rng"])
+    if rerun is not None:
+        same_layout = not checkpoint.resharded and \
+            read_metadata(path).get("parallel", {}).get("world_size") == get_parallel_state().world_size
+        rerun.load_state_dict(meta.get("rerun_state_machine"), same_layout)
     return meta["iteration"], meta["consumed_train_samples"]
 
 

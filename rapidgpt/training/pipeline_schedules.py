@@ -339,11 +339,12 @@ class PipelineTrainStep:
         self._update = ms.jit(optimizer.construct) if jit else optimizer
         self._jit, self._updated_once = jit, False
 
-    def __call__(self, stacked, lr, iteration):
+    def __call__(self, stacked, lr, iteration, validation=None):
         scale = float(self.optimizer.loss_scale())
         loss, stats, grads = self.schedule(stacked, Tensor(iteration, ms.uint32), scale)
         # mutable: a tuple argument is otherwise compiled as a constant, once per step.
-        inputs = (ms.mutable(grads), Tensor(lr, ms.float32))
+        inputs = (ms.mutable(grads), Tensor(lr, ms.float32)) + \
+            (() if validation is None else (Tensor(float(loss), ms.float32), Tensor(validation, ms.float32)))
         if not self._updated_once:          # its norm and overflow check are collectives
             compile_then_meet(self._update, inputs, comm.barrier if self._jit else None, "optimizer step")
             self._updated_once = True

@@ -1,8 +1,11 @@
 """One optimizer step as ONE compiled MindSpore graph: the schedule, then the optimizer wrapper.
 
     losses, names, grads = schedule(micro-batches, iteration, loss scale)  rapidgpt/training/schedules.py
-    updated, grad norm, loss scale, num zeros, params norm = optimizer(grads, lr)
+    updated, grad norm, loss scale, num zeros, params norm, held = optimizer(grads, lr[, loss, validation])
                                                                     rapidgpt/optim/mixed_precision.py
+
+`validation` (the rerun state machine's limits, rapidgpt/training/rerun_state_machine.py) is a
+graph input only when its checks are on; a step they reject is `held`: computed, not applied.
 
 Everything runs inside a single `mindspore.jit` graph. Measured on CPU
 (benchmarks/bench_pretrain.py): the fused graph trains as fast as GRAPH_MODE `TrainOneStepCell`,
@@ -45,14 +48,15 @@ class StepResult(NamedTuple):
     stats: dict = {}     # the loss function's statistics ({name: mean}), e.g. BERT's lm/sop loss
     num_zeros: float = None     # --log-num-zeros-in-grad: zeros in the (clipped) gradients, else None
     params_norm: float = None   # --log-params-norm: the main parameters' L2 norm after the step, else None
+    held: bool = False          # rejected by the rerun state machine's checks: not applied, to be run again
 
 
 def step_result(optimizer, outputs, loss, stats):
     """The StepResult of a step whose optimizer wrapper `optimizer` returned `outputs`."""
-    updated, norm, scale, zeros, params_norm = outputs
+    updated, norm, scale, zeros, params_norm, held = outputs
     return StepResult(loss, float(norm), bool(updated), float(scale), stats,
                       float(zeros) if optimizer.counts_zeros else None,
-                      float(params_norm) if optimizer.measures_params else None)
+                      float(params_norm) if optimizer.measures_params else None, bool(held))
 
 
 def floats(stats):
@@ -67,10 +71,12 @@ class _StepCell(nn.Cell):
         self.schedule = schedule
         self.optimizer = optimizer
 
-    def construct(self, stacked, lr, iteration):
+    def construct(self, stacked, lr, iteration, validation=None):
         loss_scale = self.optimizer.loss_scale() if self.optimizer.grad_scaler is not None else None
         losses, names, grads = self.schedule(stacked, iteration, loss_scale)
-        return losses, names, self.optimizer(grads, lr)
+        if validation is None:
+            return losses, names, self.optimizer(grads, lr)
+        return losses, names, self.optimizer(grads, lr, losses[0], validation)
 
 
 # MindSpore's graph compiler unrolls a loop over the parameters (the optimizer's update, ZeRO's
@@ -94,8 +100,10 @@ def allow_call_depth_for(parameter_count):
 
 
 class TrainStep:
-    """Callable `step(stacked_batches, lr, iteration) -> StepResult` for a fixed model;
-    `iteration` (the number of the training iteration) selects the dropout masks.
+    """Callable `step(stacked_batches, lr, iteration, validation=None) -> StepResult` for a fixed
+    model; `iteration` (the number of the training iteration) selects the dropout masks, so a step
+    run again on the same batches computes the same; `validation`: the rerun state machine's
+    limits (a run gives them at every step or never).
 
     `optimizer`: a rapidgpt.optim.OptimizerWrapper (its `parameters` are differentiated);
     `accumulate_in_fp32`: sum micro-batch gradients in fp32 (see the schedule).
@@ -119,11 +127,12 @@ class TrainStep:
         self._compile_cache = compile_cache if jit else None
         self._barrier = barrier if jit else None
 
-    def __call__(self, stacked, lr, iteration):
+    def __call__(self, stacked, lr, iteration, validation=None):
         def run():
             # mutable: a dict/tuple of tensors is otherwise a compile-time constant, and the step
             # would be compiled again for every batch.
-            inputs = (ms.mutable(stacked), Tensor(lr, ms.float32), Tensor(iteration, ms.uint32))
+            inputs = (ms.mutable(stacked), Tensor(lr, ms.float32), Tensor(iteration, ms.uint32)) + \
+                (() if validation is None else (Tensor(validation, ms.float32),))
             if not self._ran:
                 compile_then_meet(self._step, inputs, self._barrier, "training step")
             return self._step(*inputs)

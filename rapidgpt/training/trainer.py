@@ -21,7 +21,7 @@ from rapidgpt.models.gpt import GPTModel
 from rapidgpt.optim import build_lr_scheduler, learning_rates
 from rapidgpt.optim.distributed_optimizer import PIECE_PREFIX
 from rapidgpt.optim.mixed_precision import MAIN_PARAMS_PREFIX, wrap_optimizer
-from rapidgpt.parallel.comm import AllGather, barrier, sum_over_ranks
+from rapidgpt.parallel.comm import AllGather, barrier, gather_over_ranks, sum_over_ranks
 from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.pipeline import ModelChunks
 from rapidgpt.parallel.random import initialize_parameters
@@ -36,6 +36,7 @@ from rapidgpt.training.model_transforms import prepare_model
 from rapidgpt.training.pipeline_schedules import PipelineEvalStep, PipelineTrainStep
 from rapidgpt.training.replica_checks import ReplicaChecks
 from rapidgpt.training.reporting import Reporter
+from rapidgpt.training.rerun_state_machine import RerunStateMachine, this_device
 from rapidgpt.training.step import EvalStep, TrainStep
 
 
@@ -79,6 +80,7 @@ class Trainer:
         self.logger = get_logger()
         self.timers = get_timers()
         self._gather = None
+        self._rerun = None
 
     def check_hooks(self):
         """Every hook must be overridden; the error names the missing ones with their signature."""
@@ -231,14 +233,24 @@ class Trainer:
         if flag != "--load":
             return 0, 0
         iteration, consumed = load_checkpoint(self.args, self.model, self.optimizer, self.lr_scheduler,
-                                              self.logger)
+                                              self.logger, rerun=self.rerun_machine())
         self.logger.info(f" loaded checkpoint from {self.args.load} at iteration {iteration}"
                          + (" (--finetune: weights only, starting at iteration 0)" if self.args.finetune else ""))
         return iteration, consumed
 
+    def rerun_machine(self):
+        """The run's rerun state machine (--rerun-mode; rapidgpt/training/rerun_state_machine.py)."""
+        if self._rerun is None:
+            state = get_parallel_state()
+            self._rerun = RerunStateMachine(self.args.rerun, self.args.seed, state.rank, state.world_size, self.logger,
+                                            this_device(state.rank), gather_over_ranks,
+                                            lambda flag: sum_over_ranks(int(flag)) > 0)
+        return self._rerun
+
     def save(self, iteration, consumed):
         self.timers("save-checkpoint").start()
-        path = save_checkpoint(self.args, iteration, consumed, self.model, self.optimizer, self.lr_scheduler)
+        path = save_checkpoint(self.args, iteration, consumed, self.model, self.optimizer, self.lr_scheduler,
+                               rerun_state=self.rerun_machine().state_dict())
         self.timers("save-checkpoint").stop()
         self.logger.info(f"  successfully saved checkpoint at iteration {iteration:7d} to {path}")
         self.logger.info(self.timers.log(["save-checkpoint"]))
@@ -283,6 +295,7 @@ class Trainer:
                                      f"{steps[n].gradient_bytes} bytes")
             return steps[n]
 
+        rerun = self.rerun_machine()
         replicas = ReplicaChecks(args, model, get_parallel_state())
         for line in replicas.describe():
             self.logger.info(line)
@@ -311,8 +324,12 @@ class Trainer:
                     timers("batch-generator", log_level=1).stop()
                     timers("forward-backward-optimizer", log_level=1).start()
                     rates = learning_rates(scheduler)
-                    result = step(stacked, rates[0] if len(rates) == 1 else rates, iteration)
+                    rates = rates[0] if len(rates) == 1 else rates
+                    outcome = rerun.run_step(iteration, lambda validation: step(stacked, rates, iteration, validation))
                     timers("forward-backward-optimizer", log_level=1).stop()
+                    if outcome.exit_code is not None:
+                        self._stop_for_rerun(outcome, iteration, consumed)
+                    result = outcome.result
                     if result.updated:          # a skipped step does not advance the LR schedule
                         scheduler.step(gbs)
                     replicas.after_iteration(iteration)
@@ -336,6 +353,17 @@ class Trainer:
         if args.save and not saved and iteration > start_iteration:
             self.save(iteration, consumed)
         return True
+
+    def _stop_for_rerun(self, outcome, iteration, consumed):
+        """The rerun state machine stops the run at `iteration`: with the checkpoint of the
+        iteration before when it asks for one (to re-run this one from), then exit its code."""
+        if outcome.save and self.args.save:
+            self.save(iteration - 1, consumed)
+        elif outcome.save:
+            self.logger.error(f"no --save: the checkpoint of iteration {iteration - 1} to re-run iteration {iteration} "
+                              f"from on another device cannot be written")
+        self.logger.info(f" exiting at iteration {iteration} with code {outcome.exit_code} (--rerun-mode)")
+        raise SystemExit(outcome.exit_code)
 
     def train_step(self, forward, model, optimizer, n, first=True):
         """The compiled training step of `n` micro-batches: the 1F1B pipeline with pipeline stages,

@@ -11,6 +11,23 @@ import pytest
 importlib.import_module("rapidgpt")
 
 
+@pytest.fixture(autouse=True)
+def graph_kernel_fusion_as_the_process_started():
+    """Each test starts with MindSpore's graph kernel fusion as the test process started (off): an
+    engine a test creates switches it on for its run (rapidgpt/config/kernel_fusion.py, through
+    MS_DEV_GRAPH_KERNEL_FLAGS), and a later test that compiles a step of its own in the same process
+    would otherwise fuse it too. (Measured: a unit test's fp16 step, fused after an engine's run in
+    the same process, stopped MindSpore 2.10's kernel compiler, AKG, on a Cast it does not build,
+    and every later compile of that process failed.)"""
+    from rapidgpt.config.kernel_fusion import FLAGS_VARIABLE
+    before = os.environ.get(FLAGS_VARIABLE)
+    yield
+    if before is None:
+        os.environ.pop(FLAGS_VARIABLE, None)
+    else:
+        os.environ[FLAGS_VARIABLE] = before
+
+
 @pytest.fixture(scope="session")
 def demo_cache(tmp_path_factory):
     """A fresh RAPIDGPT_CACHE_DIR for the tests that train in this process: the demo corpus is

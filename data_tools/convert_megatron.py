@@ -16,7 +16,9 @@ tokenizer when its files exist here. The output (`iter_0000000`, weights only) t
 `--load` or finetunes with `--pretrained-checkpoint` at any layout, and needs no model flags.
 
 Needs torch (the CPU build is enough; `pip install 'rapidgpt[megatron]'`), and not Megatron.
-Refused with a reason: what RapidGPT's GPT does not compute (MoE, multi-latent attention,
+Multi-latent attention converts too (its names of either layer spec; the local spec's
+column-parallel down projections joined, Transformer Engine's duplicated ones taken once).
+Refused with a reason: what RapidGPT's GPT does not compute (MoE,
 multi-token prediction, activations other than GELU, squared ReLU and SwiGLU, sliding windows, RoPE variants
 other than Llama 3.1's scaling, ...: `_REFUSED_ARGS`), and Megatron-core's BERT (pre-LayerNorm, where
 RapidGPT's BERT is the original post-LayerNorm one). Checkpoints saved with virtual pipeline stages
@@ -46,9 +48,11 @@ _COPIED_ARGS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_h
                 "hidden_dropout", "attention_dropout", "bias_gelu_fusion", "squared_relu", "use_mup",
                 "mup_base_hidden_size", "mup_embedding_mult", "mup_output_mult", "mup_base_head_dim",
                 "mup_attn_scale_power")
+# Multi-latent attention's args, copied for a model that has it (Megatron saves them for every model).
+_MLA_ARGS = ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+             "v_head_dim", "rope_type", "rotary_scaling_factor", "mscale", "mscale_all_dim")
 # Megatron args that, when set (not None, False or 0), make a model RapidGPT's GPT is not.
 _REFUSED_ARGS = (("num_experts", "mixture-of-experts layers are not built"),
-                 ("multi_latent_attention", "multi-latent attention is not built"),
                  ("mtp_num_layers", "multi-token prediction is not built"),
                  ("openai_gelu", "the OpenAI GELU option is not built"),
                  ("quick_geglu", "quick-GEGLU is not built (GELU, or SwiGLU)"),
@@ -73,17 +77,28 @@ _LAYER_NAMES = {"input_layernorm": "input_layernorm",
                 "self_attention.linear_proj": "self_attention.dense",
                 "self_attention.q_layernorm": "self_attention.q_layernorm",
                 "self_attention.k_layernorm": "self_attention.k_layernorm",
+                **{f"self_attention.{name}": f"self_attention.{name}"          # multi-latent attention's
+                   for name in ("linear_q_proj", "linear_q_down_proj", "linear_q_up_proj", "linear_kv_down_proj",
+                                "linear_kv_up_proj", "kv_layernorm")},
+                "self_attention.linear_q_up_proj.layer_norm": "self_attention.q_layernorm",   # Transformer Engine's
+                "self_attention.linear_kv_up_proj.layer_norm": "self_attention.kv_layernorm",
                 "pre_mlp_layernorm": "post_attention_layernorm",
                 "mlp.linear_fc1.layer_norm": "post_attention_layernorm",
                 "mlp.linear_fc1": "mlp.dense_h_to_4h",
                 "mlp.linear_fc2": "mlp.dense_4h_to_h"}
 _TOP_NAMES = {"embedding.word_embeddings": "word_embeddings", "embedding.position_embeddings": "position_embeddings",
               "decoder.final_layernorm": "final_layernorm", "output_layer": "output_layer"}
-_NORMS = ("input_layernorm", "post_attention_layernorm", "final_layernorm", "q_layernorm", "k_layernorm")
+_NORMS = ("input_layernorm", "post_attention_layernorm", "final_layernorm", "q_layernorm", "k_layernorm",
+          "kv_layernorm")
 # Tensor-parallel slicing of Megatron-core's linear layers: column-parallel (rows split), row-parallel
 # (columns split); every other tensor is whole on each rank.
 _COLUMN_PARALLEL = ("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias",
-                    "linear_fc1.weight", "linear_fc1.bias")
+                    "linear_fc1.weight", "linear_fc1.bias", "linear_q_proj.weight", "linear_q_up_proj.weight",
+                    "linear_kv_up_proj.weight")
+# Multi-latent attention's down projections: column-parallel in the local layer spec, whole on every
+# rank in Transformer Engine's (its "duplicated" linear layers): {name: its whole rows from the args}.
+_DOWN_PROJECTIONS = {"linear_q_down_proj.weight": lambda args: args.q_lora_rank,
+                     "linear_kv_down_proj.weight": lambda args: args.kv_lora_rank + args.qk_pos_emb_head_dim}
 _ROW_PARALLEL = ("linear_proj.weight", "linear_fc2.weight")
 
 
@@ -95,7 +110,7 @@ def read_checkpoint(load):
         tensors = _unstack_layers(tensors)
     else:
         args, pieces = megatron_checkpoint.read_legacy(folder)
-        tensors = _merge_legacy(pieces, getattr(args, "swiglu", False))
+        tensors = _merge_legacy(pieces, args)
     if any(name.startswith(("encoder.", "lm_head.", "binary_head.")) for name in tensors):
         raise MegatronCheckpointError(f"{folder}: {BERT_REFUSED}")
     if args is None:
@@ -108,7 +123,8 @@ def read_checkpoint(load):
 
 def _te_to_local(name):
     """Transformer Engine's fused-norm names (`linear_qkv.layer_norm_weight`) as the local spec's."""
-    for fused in ("self_attention.linear_qkv.layer_norm_", "mlp.linear_fc1.layer_norm_"):
+    for fused in ("self_attention.linear_qkv.layer_norm_", "mlp.linear_fc1.layer_norm_",
+                  "self_attention.linear_q_up_proj.layer_norm_", "self_attention.linear_kv_up_proj.layer_norm_"):
         if fused in name:
             return name.replace(fused, fused[:-1] + ".")
     return name
@@ -126,7 +142,7 @@ def _unstack_layers(tensors):
     return out
 
 
-def _merge_legacy(pieces, swiglu):
+def _merge_legacy(pieces, args):
     """Join the tensor-parallel slices of each chunk (a pipeline stage, or one of its virtual
     stages) and number the chunks' layers globally, in the model's order: virtual stage 0 of every
     pipeline stage, then virtual stage 1, ... (Megatron's layer offset of chunk v on stage p is
@@ -142,7 +158,7 @@ def _merge_legacy(pieces, swiglu):
         layers = 1 + max([int(name.split(".")[2]) for name in shards[0] if name.startswith("decoder.layers.")],
                          default=-1)
         for name in shards[0]:
-            value = _join(name, [shard[name] for shard in shards], swiglu)
+            value = _join(name, [shard[name] for shard in shards], args)
             if name.startswith("decoder.layers."):
                 _, _, local, rest = name.split(".", 3)
                 name = f"decoder.layers.{first_layer + int(local)}.{rest}"
@@ -151,12 +167,15 @@ def _merge_legacy(pieces, swiglu):
     return out
 
 
-def _join(name, slices, swiglu):
-    if len(slices) == 1 or not name.endswith(_COLUMN_PARALLEL + _ROW_PARALLEL):
+def _join(name, slices, args):
+    down = next((rows for suffix, rows in _DOWN_PROJECTIONS.items() if name.endswith(suffix)), None)
+    if down is not None and args is not None and slices[0].shape[0] == down(args):
+        return slices[0]                                # Transformer Engine's duplicated down projection
+    if len(slices) == 1 or not name.endswith(_COLUMN_PARALLEL + _ROW_PARALLEL + tuple(_DOWN_PROJECTIONS)):
         return slices[0]
     if name.endswith(_ROW_PARALLEL):
         return np.concatenate(slices, axis=1)
-    if swiglu and ".linear_fc1." in name:               # each rank holds [its gate rows; its up rows]
+    if getattr(args, "swiglu", False) and ".linear_fc1." in name:               # each rank holds [its gate rows; its up rows]
         halves = [np.split(piece, 2, axis=0) for piece in slices]
         return np.concatenate([h[0] for h in halves] + [h[1] for h in halves], axis=0)
     return np.concatenate(slices, axis=0)               # qkv: whole query groups per rank, in order
@@ -168,7 +187,8 @@ def model_flags(args, where):
         value = getattr(args, name, None)
         if value not in (None, False, 0):
             raise MegatronCheckpointError(f"{where}: the checkpoint's model has {name}={value!r}: {reason}")
-    flags = {name: getattr(args, name) for name in _COPIED_ARGS if hasattr(args, name)}
+    copied = _COPIED_ARGS + (_MLA_ARGS if getattr(args, "multi_latent_attention", False) else ())
+    flags = {name: getattr(args, name) for name in copied if hasattr(args, name)}
     if not flags.get("group_query_attention"):
         flags.pop("num_query_groups", None)              # Megatron keeps 1 there without GQA
     flags["layernorm_epsilon"] = float(getattr(args, "norm_epsilon", getattr(args, "layernorm_epsilon", 1e-5)))

@@ -22,7 +22,12 @@ def check_conversion_targets(save=None, hf_dir=None, load=None):
 
 def check_exportable(model_flags, load):
     """Refuse a model no Hugging Face class computes: muP's (--use-mup) attention scale and
-    embedding and logit multipliers have no field in GPT-2's or the Llama family's config.json."""
+    embedding and logit multipliers have no field in GPT-2's or the Llama family's config.json;
+    multi-latent attention is DeepSeek's (its folders are not written here)."""
+    if model_flags.get("multi_latent_attention"):
+        raise HFConversionError(f"--load {load}: the checkpoint's model has multi-latent attention (DeepSeek's), "
+                                f"which GPT-2's and the Llama family's Hugging Face classes do not compute; writing "
+                                f"DeepSeek folders is not built (load it with --load or --pretrained-checkpoint)")
     if model_flags.get("use_mup"):
         raise HFConversionError(f"--load {load}: the checkpoint's model was trained with --use-mup; its attention "
                                 f"scale and embedding and logit multipliers have no Hugging Face config field, so "

@@ -12,7 +12,11 @@ RMSNorm x):
                    a d h (+ h), MLP h f + f h (--swiglu: 2 h f + f h; + f or 2f and h biases), two
                    norms 2 n(h), --qk-layernorm 2 n(d). GPT-2 (g = a, d = h / a, f = 4h, biases,
                    LayerNorm): 12h^2 + 13h. Per TP rank the matrices and the QKV/fc1 biases are
-                   split by t, the other biases and the norms replicated
+                   split by t, the other biases and the norms replicated. Multi-latent attention
+                   (rapidgpt/models/mla.py) instead of QKV and projection: up projections
+                   R_q a (D + P) (h a (D + P) without R_q) + R_kv a (D + V), projection a V h,
+                   split by t; down projections h R_q + h (R_kv + P) and, with --qk-layernorm,
+                   n(R_q) + n(R_kv), replicated
     first stage    word embeddings V_pad*h (split by t), learned position embeddings s_max*h
     last stage     final norm n(h); the output layer: a copy of the word embeddings (tied, kept
                    in step with the first stage's, not a parameter of its own) or V_pad*h (untied)
@@ -48,7 +52,10 @@ in 16-bit runs, 4 in fp32) and 1 byte per dropout-mask element:
                    up outputs, the gate's SiLU and the product) + a s^2 b (e + 1 + e) / t (softmax
                    output, attention-dropout mask and output); for GPT-2 with e = 2:
                    s b h (10 + 24/t) + 5 a s^2 b / t, the paper's formula; with
-                   --sequence-parallel the replicated part is split too: s b h 34/t + 5 a s^2 b / t
+                   --sequence-parallel the replicated part is split too: s b h 34/t + 5 a s^2 b / t;
+                   multi-latent attention: Q and K a (D + P), V and the projection's input a V per
+                   token split by t, the latents and their norms' outputs 2 R_q + 2 R_kv + P
+                   replicated (split with --sequence-parallel)
     selective      the attention core is recomputed: no a s^2 b term
     full           each recomputed chunk keeps only its input s b h e; one chunk's activations are
                    rebuilt at a time during the backward
@@ -86,6 +93,7 @@ class GPTShape:
     normalization: str = "LayerNorm"
     qk_layernorm: bool = False
     learned_positions: bool = True
+    mla: Optional[object] = None                  # multi-latent attention's MlaConfig (rapidgpt/config/mla.py)
 
     @property
     def groups(self):
@@ -176,13 +184,30 @@ class MemoryEstimate:
 def layer_parameters(shape, tp=1):
     """One transformer layer's parameters on one of `tp` tensor-parallel ranks."""
     h, f, d, a = shape.hidden_size, shape.ffn_hidden_size, shape.head_dim, shape.num_attention_heads
-    qkv = (a + 2 * shape.groups) * d
     fc1 = 2 * f if shape.swiglu else f
     bias = shape.add_bias_linear
-    split = (h * qkv + (qkv if bias or shape.add_qkv_bias else 0)    # QKV (+ bias), split by t
-             + a * d * h + h * fc1 + (fc1 if bias else 0) + f * h)   # projection, fc1 (+ bias), fc2
-    replicated = 2 * h * bias + 2 * shape.norm(h) + (2 * shape.norm(d) if shape.qk_layernorm else 0)
-    return split // tp + replicated                  # projection and fc2 biases, the norms
+    split = h * fc1 + (fc1 if bias else 0) + f * h              # fc1 (+ bias), fc2: split by t
+    replicated = 2 * h * bias + 2 * shape.norm(h)               # projection and fc2 biases, the norms
+    if shape.mla is None:
+        qkv = (a + 2 * shape.groups) * d
+        split += h * qkv + (qkv if bias or shape.add_qkv_bias else 0) + a * d * h   # QKV (+ bias), projection
+        replicated += 2 * shape.norm(d) if shape.qk_layernorm else 0
+    else:
+        up, down, norms = mla_matrices(shape)
+        split += up
+        replicated += down + (norms if shape.qk_layernorm else 0)
+    return split // tp + replicated
+
+
+def mla_matrices(shape):
+    """Multi-latent attention's (up-projection and output parameters, split by t; down-projection
+    parameters and latent norms' parameters, whole on every TP rank)."""
+    m, h, a = shape.mla, shape.hidden_size, shape.num_attention_heads
+    q_up = (m.q_lora_rank or h) * a * m.q_head_dim
+    up = q_up + m.kv_lora_rank * a * (m.qk_head_dim + m.v_head_dim) + a * m.v_head_dim * h
+    down = (h * m.q_lora_rank if m.q_lora_rank else 0) + h * (m.kv_lora_rank + m.qk_pos_emb_head_dim)
+    norms = (shape.norm(m.q_lora_rank) if m.q_lora_rank else 0) + shape.norm(m.kv_lora_rank)
+    return up, down, norms
 
 
 def stage_parameters(shape, stage, pp=1, tp=1, layers=None):
@@ -206,10 +231,19 @@ def training_flops(shape, batch_size):
 
         12 B s l h^2 ((1 + g/a + s/h) a d / h + f/h * (3/2 with --swiglu)) + 6 B s h V_pad
 
-    (GPT-2: 72 B s l h^2 (1 + s/(6h)) + 6 B s h V, the Megatron-LM paper's)."""
+    (GPT-2: 72 B s l h^2 (1 + s/(6h)) + 6 B s h V, the Megatron-LM paper's). With multi-latent
+    attention the attention's part is Megatron's MLA terms, 6 B s l (R_q (h + a (D + P) + 1)
+    [h a (D + P) without R_q] + R_kv (h + a (D + V) + 1) + h P + a V h + s a (D + P + V))."""
     b, s, l, h = batch_size, shape.seq_length, shape.num_layers, shape.hidden_size
     a, g, d, f = shape.num_attention_heads, shape.groups, shape.head_dim, shape.ffn_hidden_size
-    attention = (1 + g / a + s / h) * a * d / h
+    if shape.mla is None:
+        attention = (1 + g / a + s / h) * a * d / h
+    else:
+        m = shape.mla
+        q = h * a * m.q_head_dim if m.q_lora_rank is None else m.q_lora_rank * (h + a * m.q_head_dim + 1)
+        matrices = (q + m.kv_lora_rank * (h + a * (m.qk_head_dim + m.v_head_dim) + 1) + h * m.qk_pos_emb_head_dim
+                    + a * m.v_head_dim * h)
+        attention = (matrices + s * a * (m.q_head_dim + m.v_head_dim)) / (2 * h * h)
     mlp = f / h * (1.5 if shape.swiglu else 1.0)
     return 12 * b * s * l * h * h * (attention + mlp) + 6 * b * s * h * shape.padded_vocab_size
 
@@ -241,7 +275,14 @@ def layer_activation_bytes(shape, layout, e):
     hidden_mask = 1 if shape.hidden_dropout > 0 else 0
     attention_drop = shape.attention_dropout > 0
     replicated = s * b * h * (4 * e + 2 * hidden_mask) / (t if layout.sequence_parallel else 1)
-    split = s * b * e * ((a + 2 * shape.groups) * d + a * d + (4 if shape.swiglu else 2) * f) / t
+    mlp = (4 if shape.swiglu else 2) * f
+    if shape.mla is None:
+        split = s * b * e * ((a + 2 * shape.groups) * d + a * d + mlp) / t
+    else:       # Q and K a (D + P), V and the projection's input a V; the latents and norm outputs
+        m = shape.mla
+        split = s * b * e * (2 * a * m.q_head_dim + 2 * a * m.v_head_dim + mlp) / t
+        latents = 2 * (m.q_lora_rank or 0) + 2 * m.kv_lora_rank + m.qk_pos_emb_head_dim
+        replicated += s * b * e * latents / (t if layout.sequence_parallel else 1)
     scores = a * s * s * b * (e + (1 + e if attention_drop else 0)) / t
     if layout.recompute_granularity == "selective":
         scores = 0
@@ -343,7 +384,8 @@ def shape_from_args(args, vocab_size):
         hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
         num_query_groups=args.num_query_groups, kv_channels=args.kv_channels, swiglu=args.swiglu,
         add_bias_linear=args.add_bias_linear, add_qkv_bias=args.add_qkv_bias, normalization=args.normalization,
-        qk_layernorm=args.qk_layernorm, learned_positions=args.position_embedding_type == "learned_absolute")
+        qk_layernorm=args.qk_layernorm, learned_positions=args.position_embedding_type == "learned_absolute",
+        mla=args.mla if args.mla.enabled else None)
 
 
 def format_bytes(n):

@@ -19,10 +19,13 @@ FIXTURES = REPO / "tests" / "fixtures" / "megatron_checkpoints"
 # legacy TP2 and torch_dist TP2 x PP2 of a GPT-2 style model, the same formats the other way round of
 # a Llama-style one (legacy also under Transformer Engine's names), the GPT with Megatron's
 # unfused (exact) GELU, with --squared-relu and with --use-mup, and both models saved with virtual pipeline stages
-# (PP2 x VP2: each rank holds two chunks, layers 0 and 2 or 1 and 3)
+# (PP2 x VP2: each rank holds two chunks, layers 0 and 2 or 1 and 3); the GPT with multi-latent attention at
+# TP2, in the local spec's names (down projections split over TP) and Transformer Engine's (whole on each rank,
+# the latent norms fused into the up projections)
 CHECKPOINTS = ("gpt_torch_tp2", "gpt_torch_dist_tp2_pp2", "llama_torch_tp2_pp2", "llama_te_names_torch_tp2_pp2",
                "llama_torch_dist_tp2", "gpt_exact_gelu_torch_tp1", "llama_torch_tp1_pp2_vp2",
-               "gpt_torch_dist_tp1_pp2_vp2", "gpt_squared_relu_torch_tp1", "gpt_mup_torch_tp1")
+               "gpt_torch_dist_tp1_pp2_vp2", "gpt_squared_relu_torch_tp1", "gpt_mup_torch_tp1", "mla_torch_tp2",
+               "mla_te_names_torch_tp2")
 # Runs the converter's command line once per (source, output) in one process (torch and MindSpore
 # imported once); prints each exit status and output between markers.
 DRIVER = """
@@ -71,20 +74,25 @@ def test_the_converted_model_computes_megatrons_own_losses(converted, name):
     np.testing.assert_allclose(losses, np.array(reference["losses"]), rtol=0, atol=1e-5)
     metadata = json.loads((save / "iter_0000000" / "metadata.json").read_text())["model"]
     # Megatron's args: no fusion without biases (the Llama-style model) or with --no-bias-gelu-fusion
-    assert metadata["bias_gelu_fusion"] == name.startswith(("gpt_torch_tp2", "gpt_torch_dist", "gpt_mup"))
+    assert metadata["bias_gelu_fusion"] == name.startswith(("gpt_torch_tp2", "gpt_torch_dist", "gpt_mup", "mla"))
     assert metadata.get("squared_relu", False) == name.startswith("gpt_squared_relu")
     assert (metadata.get("use_mup", False), metadata.get("mup_base_hidden_size")) == (
         (True, 16) if name.startswith("gpt_mup") else (False, None))
+    assert (metadata.get("multi_latent_attention", False), metadata.get("q_lora_rank"),
+            metadata.get("rotary_scaling_factor")) == ((True, 12, 40.0) if name.startswith("mla") else (False, None, 1.0))
 
 
-def test_a_mup_model_is_not_exported_to_hugging_face(converted, tmp_path, capsys):
-    """No Hugging Face config holds muP's multipliers: --to-hf refuses in one line, writes nothing."""
+@pytest.mark.parametrize("name, reason", [("gpt_mup_torch_tp1", "the checkpoint's model was trained with --use-mup"),
+                                          ("mla_torch_tp2", "the checkpoint's model has multi-latent attention")])
+def test_what_no_hugging_face_class_computes_is_not_exported(converted, tmp_path, capsys, name, reason):
+    """No Hugging Face config holds muP's multipliers, and GPT-2's and the Llama family's classes
+    compute no multi-latent attention: --to-hf refuses in one line, writes nothing."""
     sys.path.insert(0, str(REPO / "data_tools"))
     import convert_hf
     hf_dir = tmp_path / "hf"
-    assert convert_hf.main(["--to-hf", "--load", str(converted["gpt_mup_torch_tp1"][2]), "--hf-dir", str(hf_dir)]) == 1
+    assert convert_hf.main(["--to-hf", "--load", str(converted[name][2]), "--hf-dir", str(hf_dir)]) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "the checkpoint's model was trained with --use-mup" in err, err
+    assert len(err.splitlines()) == 1 and reason in err, err
     assert not hf_dir.exists()
 
 

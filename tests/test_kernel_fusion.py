@@ -19,7 +19,7 @@ from rapidgpt.flag_parser import ArgumentError
 from rapidgpt.config.precision import PrecisionConfig
 from rapidgpt.config.recompute import RecomputeConfig
 from rapidgpt.models.norms import LayerNorm
-from rapidgpt.models.transformer import mask_scores
+from rapidgpt.models.attention import mask_scores
 from rapidgpt.training.model_transforms import prepare_model
 
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",

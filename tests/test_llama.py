@@ -3,7 +3,8 @@ logits and per-token losses against a float64 numpy port of the Hugging Face / M
 definitions (written here from those definitions, not from RapidGPT's code), with every weight,
 norm and bias random, at many positions (RoPE is the identity at position 0), with query heads per
 group != groups (6 heads in 2 groups), Llama 3.1's scaling with an original context far below the
-tested positions, Qwen3's head_dim != hidden / heads, and partial, interleaved rotation."""
+tested positions, Qwen3's head_dim != hidden / heads, partial, interleaved rotation, and DeepSeek's
+multi-latent attention (YaRN or RoPE on its rotary channels)."""
 import json
 import math
 import os
@@ -14,6 +15,9 @@ import pytest
 
 LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
          "--num-query-groups", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
+MLA = ["--multi-latent-attention", "--q-lora-rank", "20", "--kv-lora-rank", "12", "--qk-head-dim", "6",
+       "--qk-pos-emb-head-dim", "8", "--v-head-dim", "5", "--qk-layernorm", "--rotary-scaling-factor", "40", "--mscale",
+       "1.0", "--mscale-all-dim", "0.8"]
 KINDS = {
     "llama": LLAMA,
     "llama3.1": [*LLAMA, "--rotary-base", "500000", "--use-rope-scaling", "--rope-scaling-factor", "4",
@@ -32,6 +36,16 @@ KINDS = {
     # muP on GPT-2's model (tied, learned positions): scores / 8^0.75, logits x0.7
     "mup-gpt": ["--use-mup", "--mup-base-hidden-size", "24", "--mup-output-mult", "0.7",
                 "--mup-attn-scale-power", "0.75"],
+    # DeepSeek's multi-latent attention on GPT-2's model (learned positions kept, as Megatron's functional
+    # test): both latents with their norms, YaRN at factor 40 with mscale != mscale_all_dim (the rotary
+    # factor and the scores' scale both matter), its ramp across the 8 rotary channels
+    "mla": MLA,
+    # ... on a Llama-style model: queries projected directly (the key latent's norm alone), RoPE on half
+    # of the rotary channels
+    "mla-rope": ["--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+                 "--position-embedding-type", "rope", "--multi-latent-attention", "--kv-lora-rank", "12", "--qk-head-dim",
+                 "8", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "8", "--qk-layernorm", "--rope-type", "rope",
+                 "--rotary-percent", "0.5", "--rotary-base", "500"],
 }
 BASE = ["--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40",
         "--seq-length", "24", "--max-position-embeddings", "128", "--vocab-size", "100",
@@ -105,6 +119,71 @@ def ref_rope(x, positions, flags, rnd=exact):
     return rnd(out)
 
 
+def yarn_get_mscale(scale, mscale):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def ref_mla_inv_freq(flags, dim):
+    """DeepSeek-V2's DeepseekV2YarnRotaryEmbedding (Megatron-core's YarnRotaryEmbedding): its
+    frequencies, original context 4096, beta_fast 32, beta_slow 1; RoPE's with --rope-type rope."""
+    base = flag(flags, "--rotary-base", 10000)
+    extrapolated = 1.0 / base ** (np.arange(0, dim, 2) / dim)
+    if flag(flags, "--rope-type", "yarn") == "rope":
+        return extrapolated
+    factor = flag(flags, "--rotary-scaling-factor", 1.0)
+
+    def correction_dim(rotations):
+        return dim * math.log(4096 / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    low, high = max(math.floor(correction_dim(32)), 0), min(math.ceil(correction_dim(1)), dim - 1)
+    ramp = np.clip((np.arange(dim // 2) - low) / ((high - low) if high != low else 0.001), 0, 1)
+    extrapolation_share = 1 - ramp
+    return extrapolated / factor * (1 - extrapolation_share) + extrapolated * extrapolation_share
+
+
+def ref_mla_rope(x, positions, flags, rnd=exact):
+    """x [b, s, n, P]: DeepSeek's apply_rotary_pos_emb, its pairs (2i, 2i+1) viewed as halves first,
+    cos and sin times YaRN's mscale(F, mscale) / mscale(F, mscale_all_dim)."""
+    pos_dim = x.shape[-1]
+    rope = flag(flags, "--rope-type", "yarn") == "rope"
+    rot = int(pos_dim * flag(flags, "--rotary-percent", 1.0)) // 2 * 2 if rope else pos_dim
+    factor = flag(flags, "--rotary-scaling-factor", 1.0)
+    attention_factor = 1.0 if rope else (yarn_get_mscale(factor, flag(flags, "--mscale", 1.0))
+                                          / yarn_get_mscale(factor, flag(flags, "--mscale-all-dim", 0.0)))
+    freqs = np.outer(positions, ref_mla_inv_freq(flags, rot))
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    cos, sin = rnd((np.cos(emb) * attention_factor)[None, :, None]), rnd((np.sin(emb) * attention_factor)[None, :, None])
+    head = x[..., :rot].reshape(*x.shape[:-1], rot // 2, 2).swapaxes(-1, -2).reshape(*x.shape[:-1], rot)
+    rotated = np.concatenate([-head[..., rot // 2:], head[..., :rot // 2]], axis=-1)
+    return rnd(np.concatenate([head * cos + rotated * sin, x[..., rot:]], axis=-1))
+
+
+def ref_mla(a, p, pre, flags, positions, linear, norm, rnd):
+    """Multi-latent attention's q, k `[b, s, n, D + P]`, v `[b, s, n, V]` and the scores' scale
+    (Megatron-core's MLASelfAttention; DeepSeek-V2's DeepseekV2Attention)."""
+    b, s, _ = a.shape
+    heads = flag(flags, "--num-attention-heads", 0)
+    d, pos_dim, v_dim = (flag(flags, f"--{name}", default) for name, default in
+                         (("qk-head-dim", 128), ("qk-pos-emb-head-dim", 64), ("v-head-dim", 128)))
+    rank, qk_norm = flag(flags, "--kv-lora-rank", 32), "--qk-layernorm" in flags
+    att = pre + "self_attention."
+    if "--q-lora-rank" in flags:
+        latent = linear(a, p[att + "linear_q_down_proj.weight"])
+        q = linear(norm(latent, att + "q_layernorm") if qk_norm else latent, p[att + "linear_q_up_proj.weight"])
+    else:
+        q = linear(a, p[att + "linear_q_proj.weight"])
+    q = q.reshape(b, s, heads, d + pos_dim)
+    compressed = linear(a, p[att + "linear_kv_down_proj.weight"])
+    latent, k_pos = compressed[..., :rank], compressed[..., rank:]
+    kv = linear(norm(latent, att + "kv_layernorm") if qk_norm else latent, p[att + "linear_kv_up_proj.weight"])
+    kv = kv.reshape(b, s, heads, d + v_dim)
+    q_pos = ref_mla_rope(q[..., d:], positions, flags, rnd)
+    k_pos = np.broadcast_to(ref_mla_rope(k_pos[:, :, None, :], positions, flags, rnd), (b, s, heads, pos_dim))
+    q, k = np.concatenate([q[..., :d], q_pos], -1), np.concatenate([kv[..., :d], k_pos], -1)
+    factor = flag(flags, "--rotary-scaling-factor", 1.0)
+    scale = yarn_get_mscale(factor, flag(flags, "--mscale-all-dim", 0.0)) ** 2 / math.sqrt(d + pos_dim)
+    return q, k, kv[..., d:], scale
+
+
 def ref_logits(p, tokens, positions, flags, vocab, rnd=exact):
     """The logits `[b, s, vocab]`; `rnd` rounds each op's result (bf16: as a bf16 run holds it)."""
     h, heads = flag(flags, "--hidden-size", 0), flag(flags, "--num-attention-heads", 0)
@@ -129,9 +208,30 @@ def ref_logits(p, tokens, positions, flags, vocab, rnd=exact):
         y = rnd(a @ weight.T)
         return y if bias is None else rnd(y + bias)
 
-    for i in range(flag(flags, "--num-layers", 0)):
-        pre = f"layers.{i}."
-        a = rnd(ref_norm(x, p, pre + "input_layernorm", flags, eps))
+    def attention(q, k, v, scale):
+        """Causal softmax attention of q, k `[b, s, n, d]`, v `[b, s, n, d_v]` -> `[b, s, n * d_v]`."""
+        scores = rnd(np.einsum("bqnd,bknd->bnqk", q, k) * scale)
+        scores = np.where(np.triu(np.ones((s, s), bool), 1), -np.inf, scores)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs = rnd(probs / probs.sum(-1, keepdims=True))
+        return rnd(np.einsum("bnqk,bknd->bqnd", probs, v)).reshape(b, s, -1)
+
+    def mlp(x, pre):
+        """The layer's second half: x + mlp(norm(x))."""
+        a = rnd(ref_norm(x, p, pre + "post_attention_layernorm", flags, eps))
+        fc1 = p[pre + "mlp.dense_h_to_4h.weight"]
+        if "--swiglu" in flags:
+            gate, up = linear(a, fc1[0]), linear(a, fc1[1])
+            hidden = rnd(gate / (1 + np.exp(-gate)) * up)
+        elif "--squared-relu" in flags:
+            hidden = rnd(np.maximum(linear(a, fc1, p.get(pre + "mlp.dense_h_to_4h.bias")), 0) ** 2)
+        else:
+            u = linear(a, fc1, p[pre + "mlp.dense_h_to_4h.bias"])
+            hidden = rnd(0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3))))
+        return rnd(x + linear(hidden, p[pre + "mlp.dense_4h_to_h.weight"], p.get(pre + "mlp.dense_4h_to_h.bias")))
+
+    def standard_heads(a, pre):
+        """q, k, v `[b, s, n, d]` of the multi-head (grouped-query) attention, k and v repeated."""
         w = p[pre + "self_attention.query_key_value.weight"].reshape(groups, r + 2, d, h)
         bias = p.get(pre + "self_attention.query_key_value.bias")
         bias = None if bias is None else bias.reshape(groups, r + 2, d)
@@ -143,24 +243,20 @@ def ref_logits(p, tokens, positions, flags, vocab, rnd=exact):
             k = rnd(ref_norm(k, p, pre + "self_attention.k_layernorm", flags, eps))
         if "rope" in flags:
             q, k = ref_rope(q, positions, flags, rnd), ref_rope(k, positions, flags, rnd)
-        k, v = np.repeat(k, r, axis=2), np.repeat(v, r, axis=2)              # transformers' repeat_kv
-        scores = rnd(np.einsum("bqnd,bknd->bnqk", q, k) * scale)
-        scores = np.where(np.triu(np.ones((s, s), bool), 1), -np.inf, scores)
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs = rnd(probs / probs.sum(-1, keepdims=True))
-        context = rnd(np.einsum("bnqk,bknd->bqnd", probs, v)).reshape(b, s, heads * d)
-        x = rnd(x + linear(context, p[pre + "self_attention.dense.weight"], p.get(pre + "self_attention.dense.bias")))
-        a = rnd(ref_norm(x, p, pre + "post_attention_layernorm", flags, eps))
-        fc1 = p[pre + "mlp.dense_h_to_4h.weight"]
-        if "--swiglu" in flags:
-            gate, up = linear(a, fc1[0]), linear(a, fc1[1])
-            hidden = rnd(gate / (1 + np.exp(-gate)) * up)
-        elif "--squared-relu" in flags:
-            hidden = rnd(np.maximum(linear(a, fc1, p.get(pre + "mlp.dense_h_to_4h.bias")), 0) ** 2)
+        return q, np.repeat(k, r, axis=2), np.repeat(v, r, axis=2)              # transformers' repeat_kv
+
+    for i in range(flag(flags, "--num-layers", 0)):
+        pre = f"layers.{i}."
+        a = rnd(ref_norm(x, p, pre + "input_layernorm", flags, eps))
+        if "--multi-latent-attention" in flags:
+            q, k, v, layer_scale = ref_mla(a, p, pre, flags, positions, linear,
+                                           lambda y, name: rnd(ref_norm(y, p, name, flags, eps)), rnd)
         else:
-            u = linear(a, fc1, p[pre + "mlp.dense_h_to_4h.bias"])
-            hidden = rnd(0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3))))
-        x = rnd(x + linear(hidden, p[pre + "mlp.dense_4h_to_h.weight"], p.get(pre + "mlp.dense_4h_to_h.bias")))
+            q, k, v = standard_heads(a, pre)
+            layer_scale = scale
+        x = rnd(x + linear(attention(q, k, v, layer_scale), p[pre + "self_attention.dense.weight"],
+                           p.get(pre + "self_attention.dense.bias")))
+        x = mlp(x, pre)
     x = rnd(ref_norm(x, p, "final_layernorm", flags, eps))
     out = p.get("output_layer.weight", p["word_embeddings.weight"])
     return rnd(linear(x, out) * output_mult)[..., :vocab]
@@ -208,7 +304,7 @@ def test_logits_and_losses_equal_the_reference_at_many_positions(kind):
         np.testing.assert_allclose(losses, reference, rtol=0, atol=1e-5, err_msg=f"{kind} losses from {start}")
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "neox"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "neox", "mla"])
 def test_emulated_bf16_rounds_where_a_bf16_run_holds_bf16(kind):
     """--bf16 on the CPU (rapidgpt/emulated_bf16.py): the logits equal the reference with every op's
     result rounded to bf16 (`ref_logits(..., rnd=bf16)`), far closer than to the exact one. A value
@@ -265,16 +361,28 @@ CHECKS = ("--test-mode", "--check-weight-hash-across-dp-replicas-interval", "1")
 LAYOUTS = {"tp2-sp": (2, 2, *SP, *CHECKS[:1]), "dp2-zero1": (2, 1, "--zero-1-memory-optimization", *CHECKS),
            "pp2xtp2-sp": (4, 2, *PP2, *SP),
            "pp2xdp2-zero3": (4, 1, *PP2, *ZERO3)}
+# Multi-latent attention (DeepSeek's MLA) at TP=2 with --sequence-parallel, the layout where its gradients
+# take another way than the other attention's: the down projections and latent norms, whole on each rank,
+# computed on its part of the sequence (their gradients summed over TP, their copies compared after every
+# iteration by --test-mode), the shared rotary key gathered from every part; both latents with their
+# norms and YaRN (factor 40, mscale != mscale_all_dim) on the learned-positions model of Megatron's MLA
+# functional test, with the Llama-style MLP and norms and the loss per token.
+MLA_MODEL = ("--hidden-size", "48", "--num-attention-heads", "6", "--ffn-hidden-size", "40", "--normalization", "RMSNorm",
+             "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", *MLA,
+             "--calculate-per-token-loss")
+MLA_LAYOUTS = {"mla-tp2-sp": (2, 2, *SP, *CHECKS[:1])}
 # Selective recompute (full recompute does the same for any model: tests/test_zero.py's PP=2 run).
 SELECTIVE = ("--recompute-granularity", "selective")
 FP16 = ("--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "3")
 LLAMA_RUNS = ([(1, 1, *LAYOUT_MODEL)] + [(nproc, tp, *LAYOUT_MODEL, *flags) for nproc, tp, *flags in LAYOUTS.values()]
               + [(2, 2, *LAYOUT_MODEL, *LAYOUTS["tp2-sp"][2:], *SELECTIVE)]
-              + [(1, 1, *FP16_MODEL, *FP16), (4, 2, *FP16_MODEL, *FP16)])
+              + [(1, 1, *FP16_MODEL, *FP16), (4, 2, *FP16_MODEL, *FP16)]
+              + [(1, 1, *MLA_MODEL)] + [(nproc, tp, *MLA_MODEL, *flags) for nproc, tp, *flags in MLA_LAYOUTS.values()])
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_llama_layouts_print_the_single_process_run(llama_runs, layout):
+@pytest.mark.parametrize("model, layout", [(LAYOUT_MODEL, name) for name in LAYOUTS] +
+                         [(MLA_MODEL, name) for name in MLA_LAYOUTS], ids=[*LAYOUTS, *MLA_LAYOUTS])
+def test_llama_layouts_print_the_single_process_run(llama_runs, model, layout):
     """lm loss, grad norm (TensorBoard's, unrounded) and validation loss of 12 iterations within 1e-5,
     and the same weights at the end (gathered whole from the checkpoint)."""
     import json
@@ -283,11 +391,13 @@ def test_llama_layouts_print_the_single_process_run(llama_runs, layout):
     from rapidgpt.training.checkpointing import gathered_tensors
     from test_parallel import assert_same_run, assert_same_weights
 
-    nproc, tp, *flags = LAYOUTS[layout]
-    found, save, log = llama_runs(nproc, tp, *LAYOUT_MODEL, *flags)
-    reference, single_save, _ = llama_runs(1, 1, *LAYOUT_MODEL)
+    nproc, tp, *flags = {**LAYOUTS, **MLA_LAYOUTS}[layout]
+    found, save, log = llama_runs(nproc, tp, *model, *flags)
+    reference, single_save, _ = llama_runs(1, 1, *model)
     if "--test-mode" in flags:      # the checks ran (a mismatch would have stopped the run)
-        assert " > --test-mode: after every iteration, the 4 q/k norm weights of this rank are compared" in log
+        compared = ("4 q/k norm weights" if model is LAYOUT_MODEL else
+                    "8 q/k norm weights and multi-latent attention's latent weights")
+        assert f" > --test-mode: after every iteration, the {compared} of this rank are compared" in log
     if CHECKS[1] in flags:
         assert " > every 1 iterations, every model weight is compared with each data-parallel rank's" in log
     assert_same_run(found, reference)
@@ -324,16 +434,16 @@ def test_llama_checkpoint_resumes_and_converts_across_layouts(llama_runs, env, t
         np.testing.assert_array_equal(ours, value, err_msg=name)
 
 
-@pytest.mark.parametrize("kind, constant_mask", [("llama", True), ("qwen3", True), ("llama", False)],
-                         ids=["llama", "qwen3", "llama-computed-mask"])
+@pytest.mark.parametrize("kind, constant_mask", [("llama", True), ("qwen3", True), ("mla", True), ("llama", False)],
+                         ids=["llama", "qwen3", "mla", "llama-computed-mask"])
 def test_cached_decoding_gives_the_full_forward_logits(kind, constant_mask, monkeypatch):
     """Generation's key/value cache (of the query groups' heads) with rotary positions: a prompt,
     then one token at a time, gives the logits of the whole sequence's forward at each position;
     also with the causal mask computed per forward (contexts longer than
     CONSTANT_CAUSAL_MASK_POSITIONS), which gives the constant mask's logits."""
-    import rapidgpt.models.transformer as transformer
+    import rapidgpt.models.attention as attention
     if not constant_mask:
-        monkeypatch.setattr(transformer, "CONSTANT_CAUSAL_MASK_POSITIONS", 8)
+        monkeypatch.setattr(attention, "CONSTANT_CAUSAL_MASK_POSITIONS", 8)
     from mindspore import Tensor
 
     from rapidgpt.arguments import parse_args
@@ -347,7 +457,8 @@ def test_cached_decoding_gives_the_full_forward_logits(kind, constant_mask, monk
     full = model(Tensor(tokens), Tensor(np.arange(14, dtype=np.int32)[None])).asnumpy()
     logits, past = model.decode(Tensor(tokens[:, :10]), Tensor(np.arange(10, dtype=np.int32)[None]))
     steps = [logits.asnumpy()]
-    assert past[0][0].shape == (1, 2, 10, 12 if kind == "qwen3" else 8)      # [b, groups, s, head_dim]
+    heads_and_dim = {"llama": (2, 8), "qwen3": (2, 12), "mla": (6, 14)}[kind]    # groups, or MLA's heads
+    assert past[0][0].shape == (1, heads_and_dim[0], 10, heads_and_dim[1])      # [b, heads, s, head_dim]
     for i in range(10, 14):
         logits, past = model.decode(Tensor(tokens[:, i:i + 1]), Tensor(np.array([[i]], np.int32)), past)
         steps.append(logits.asnumpy())

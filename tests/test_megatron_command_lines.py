@@ -3,7 +3,7 @@ and Rapidformer's EasyNLP ones, read as they were written: the tokenizer inferre
 vocabulary files, missing files named up front, several --valid-data files read in order, --task
 handed to a --user-script. Flag checks, but for the user script's process and one process that
 trains the old pretrain_gpt.sh and pretrain_bert.sh command lines, Megatron's Llama 3 example and its
-FIM, muP and reruns functional tests end to end."""
+FIM, muP, MLA and reruns functional tests end to end."""
 import re
 import subprocess
 import sys
@@ -82,6 +82,23 @@ RERUNS_PERSISTENT = ["--deterministic-mode", "--bf16", "--train-iters", "4", "--
                      "--log-validation-ppl-to-tensorboard", "--log-timers-to-tensorboard", "--log-memory-to-tensorboard",
                      "--rerun-mode", "validate_results", "--error-injection-rate", "1", "--error-injection-type",
                      "persistent_error", "--async-save", "--use-persistent-ckpt-worker"]
+
+# gpt3_mcore_te_tp2_pp2_mla (d98e8a6), every flag but the paths, sizes made tiny (its ratios kept: 8 heads, latent
+# ranks 3/8 and 1/8 of the hidden size, 16 + 8 query/key channels and 16 value channels per head halved), one
+# process (its TP=2 x PP=2 with --sequence-parallel: tests/test_llama.py's MLA layout).
+MLA_CONFIG = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "8", "--multi-latent-attention",
+              "--q-lora-rank", "24", "--kv-lora-rank", "8", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4",
+              "--v-head-dim", "8", "--log-params-norm", "--log-num-zeros-in-grad", "--log-validation-ppl-to-tensorboard",
+              "--log-timers-to-tensorboard", "--micro-batch-size", "4", "--global-batch-size", "8", "--seq-length", "64",
+              "--max-position-embeddings", "64", "--train-iters", "4", "--timing-log-level", "0", "--lr-decay-iters",
+              "320000", "--split", "949,50,1", "--distributed-backend", "nccl", "--lr", "0.00015", "--lr-decay-style",
+              "cosine", "--min-lr", "1.0e-5", "--weight-decay", "1e-2", "--clip-grad", "1.0", "--lr-warmup-fraction",
+              ".01", "--log-interval", "1", "--save-interval", "25", "--eval-interval", "1000", "--eval-iters", "2",
+              "--transformer-impl", "transformer_engine", "--tensor-model-parallel-size", "1",
+              "--pipeline-model-parallel-size", "1", "--sequence-parallel", "--untie-embeddings-and-output-weights",
+              "--deterministic-mode", "--no-gradient-accumulation-fusion", "--attention-softmax-in-fp32",
+              "--use-mcore-models", "--ckpt-format", "torch_dist", "--bf16", "--attention-backend", "unfused",
+              "--log-memory-to-tensorboard", "--async-save", "--use-persistent-ckpt-worker"]
 
 # Megatron's examples/pretrain_gpt.sh and pretrain_bert.sh (v2-v3), sizes made tiny, paths local.
 OLD_GPT = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--micro-batch-size", "4",
@@ -209,6 +226,10 @@ def old_scripts(env, tmp_path_factory):
                        gpt["vocab_file"], "--merge-file", gpt["merge_file"], "--data-cache-path",
                        str(folder / "reruns_cache"), "--save", str(folder / "reruns_ckpt"), "--load",
                        str(folder / "reruns_ckpt"), "--tensorboard-dir", str(folder / "reruns_tb")]
+    lines["mla"] = ["--task", "pretraining", *MLA_CONFIG, "--data-path", gpt["data_prefix"], "--vocab-file",
+                    gpt["vocab_file"], "--merge-file", gpt["merge_file"], "--data-cache-path", str(folder / "mla_cache"),
+                    "--save", str(folder / "mla_ckpt"), "--load", str(folder / "mla_ckpt"), "--tensorboard-dir",
+                    str(folder / "mla_tb")]
     runs = BatchedRuns(env, folder, [(1, argv) for argv in lines.values()])
     return {name: runs(1, argv)[:2] for name, argv in lines.items()}
 
@@ -276,3 +297,15 @@ def test_megatrons_reruns_functional_test_saves_and_exits_as_megatron(old_script
                  "Saving a checkpoint and exiting now. Please resume the job from the checkpoint to rerun the last "
                  "iteration and establish a diagnostic", "successfully saved checkpoint at iteration       1"):
         assert line in log, line
+
+
+def test_megatrons_mla_functional_test_trains(old_scripts):
+    """Multi-latent attention with Megatron's MLA defaults beside the flags (YaRN at factor 1, no
+    latent norms) on the learned-positions GPT: the run says what it builds and trains."""
+    status, log = old_scripts["mla"]
+    assert status == 0, log[-3000:]
+    assert re.findall(r" iteration\s+(\d+)/\s*4 \|", log) == ["1", "2", "3", "4"], log[-3000:]
+    assert (" > multi-latent attention: queries through a rank-24 latent, keys and values through a rank-8 latent; "
+            "per head 8 + 4 (rotary, YaRN (factor 1, mscale 1, mscale_all_dim 0)) query/key channels, 8 value "
+            "channels; scores x0.288675") in log
+    assert "validation loss at the end of training for val data" in log

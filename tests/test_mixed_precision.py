@@ -393,7 +393,7 @@ def test_query_key_layer_scaling_keeps_fp16_scores_finite_as_megatron():
     the scaled one (multiplied back by 8 in fp32, masked, softmax in fp32, as Megatron's
     FusedScaleMaskSoftmax) gives the float64 attention within fp16 rounding."""
     from rapidgpt.config.transformer import TransformerConfig
-    from rapidgpt.models.transformer import CoreAttention
+    from rapidgpt.models.attention import CoreAttention
 
     rng = np.random.default_rng(3)
     b, heads, s, hn = 1, 2, 4, 16

@@ -117,7 +117,8 @@ def test_parameters_of_llama_family_models(capsys, flags, count):
 
 # Tiny models of each kind: GPT-2 tied and untied; Llama-style (RoPE, RMSNorm, SwiGLU, 6 heads in 2
 # groups, no biases, untied); Qwen2-style (q/k/v biases, tied); Qwen3-style (q/k norms, head_dim
-# 24 != 64/4, --apply-layernorm-1p with LayerNorm, learned positions off).
+# 24 != 64/4, --apply-layernorm-1p with LayerNorm, learned positions off); multi-latent attention with
+# both latents and their norms (GPT-2's learned positions kept), and without the query latent.
 TINY_KINDS = [[], ["--untie-embeddings-and-output-weights"],
               ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
                "--num-query-groups", "2", "--num-attention-heads", "6", "--hidden-size", "48", "--disable-bias-linear",
@@ -125,10 +126,15 @@ TINY_KINDS = [[], ["--untie-embeddings-and-output-weights"],
               ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
                "--num-query-groups", "2", "--disable-bias-linear", "--add-qkv-bias"],
               ["--position-embedding-type", "none", "--qk-layernorm", "--kv-channels", "24", "--apply-layernorm-1p",
-               "--group-query-attention", "--num-query-groups", "1"]]
+               "--group-query-attention", "--num-query-groups", "1"],
+              ["--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16", "--qk-head-dim", "8",
+               "--qk-pos-emb-head-dim", "4", "--v-head-dim", "12", "--qk-layernorm"],
+              ["--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4",
+               "--v-head-dim", "12", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear"]]
 
 
-@pytest.mark.parametrize("kind", TINY_KINDS, ids=["gpt2", "gpt2-untied", "llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", TINY_KINDS, ids=["gpt2", "gpt2-untied", "llama", "qwen2", "qwen3", "mla",
+                                                  "mla-no-q-latent"])
 def test_the_built_in_gpt_has_the_estimated_parameters(capsys, kind):
     from rapidgpt.arguments import parse_args
     from rapidgpt.models.gpt import build_gpt_model
@@ -202,6 +208,16 @@ def test_log_throughput_uses_megatrons_flops_formula():
     llama = GPTShape(32, 4096, 32, 14336, 8192, 8192, 128256, num_query_groups=8, swiglu=True)
     expected = 12 * 8192 * 32 * 4096 ** 2 * ((1 + 8 / 32 + 8192 / 4096) + 14336 / 4096 * 1.5) + 6 * 8192 * 4096 * 128256
     assert training_flops(llama, 1) == pytest.approx(expected)
+    # Multi-latent attention: Megatron's MLA terms (its token-linear ones; the s^2 one without the causal
+    # halving, as the multi-head formula above counts it)
+    from rapidgpt.config.mla import MlaConfig
+    mla = MlaConfig(True, 1536, 512, 128, 64, 128)
+    deepseek = GPTShape(61, 7168, 128, 18432, 4096, 4096, 129280, swiglu=True, mla=mla)
+    q_term = 1536 * (7168 + 128 * 192 + 1)
+    kv_term = 512 * (7168 + 128 * 256 + 1) + 7168 * 64 + 128 * 128 * 7168
+    expected = (6 * 4096 * 61 * (q_term + kv_term + 4096 * 128 * (192 + 128))
+                + 12 * 4096 * 61 * 7168 * 18432 * 1.5 + 6 * 4096 * 7168 * 129280)
+    assert training_flops(deepseek, 1) == pytest.approx(expected)
     from rapidgpt.training.reporting import training_log_line
     line = training_log_line(3, 10, 24, 1500.0, 1e-4, 8, {"lm loss": 2.5}, 1.0, 0.5, 0, 0, 100.0, tflops_per_rank=12.34)
     assert "| elapsed time per iteration (ms): 1500.0 | throughput per GPU (TFLOP/s/GPU): 12.3 | learning rate:" in line

@@ -38,6 +38,8 @@ IMPLEMENTATION = {
     "--use-transformer-engine-op-fuser": "there is no Transformer Engine; MindSpore fuses the compiled step",
     "--use-te-activation-func": "there is no Transformer Engine; the activation is compiled with the step",
     "--disable-jit-fuser": "there is no TorchScript fuser; graph kernel fusion is --graph-kernel-fusion",
+    "--mla-down-proj-fusion": "multi-latent attention's down projections are compiled with the step; MindSpore "
+                              "fuses its kernels",
     "--no-gradient-reduce-div-fusion": "the gradient scaling is part of the compiled step",
     "--no-clone-scatter-output-in-embedding": "the embedding's output is not a scattered view that needs a copy",
     "--te-rng-tracker": "dropout's random streams are RapidGPT's own (one per parallel rank and layer)",
@@ -163,8 +165,8 @@ REFUSED = [
      ("--is-hybrid-model", "--mamba-*", "--hybrid-*", "--gdp-*", "--disable-mamba-mem-eff-path", "--linear-*",
       "--experimental-attention-variant", "--dsa-*", "--no-dsa-*"),
      ("experimental_attention_variant",)),
-    ("multi-latent attention (DeepSeek's MLA) is not built; the attention is multi-head or grouped-query "
-     "(--group-query-attention)", ("--multi-latent-attention", "--mla-*", "--cache-mla-latents"), ("mla",)),
+    ("caching multi-latent attention's latents in generation is not built: generation caches each head's keys "
+     "and values", ("--cache-mla-latents",), ()),
     ("multi-token prediction (MTP) is not built", ("--mtp-*",), ()),
     ("custom layer specs are not built: the built-in models are chosen by their flags", ("--spec",), ()),
     ("Megatron-RL (GRPO rollouts) is not built", ("--grpo-*", "--rl-*", "--refit-method", "--langrl-env-config"),
@@ -212,9 +214,8 @@ REFUSED = [
      "splits them)", ("--distribute-saved-activations",), ()),
     ("the Muon and Lion optimizers are not built (--optimizer adam or sgd)", ("--muon-*", "--lion-*"), ()),
     ("this RoPE variant is not built (RoPE with --rotary-base, --rotary-percent, --rotary-interleaved, and "
-     "Llama 3.1's --use-rope-scaling)",
-     ("--yarn-*", "--no-yarn-*", "--rotary-seq-len-interpolation-factor", "--no-rope-freq", "--mrope-section",
-      "--rope-type", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim"), ()),
+     "Llama 3.1's --use-rope-scaling; YaRN with --multi-latent-attention)",
+     ("--yarn-*", "--no-yarn-*", "--rotary-seq-len-interpolation-factor", "--no-rope-freq", "--mrope-section"), ()),
     ("sliding-window attention is not built (attention is causal over the whole sequence)",
      ("--window-size", "--window-attn-skip-freq"), ()),
     ("this MLP activation is not built (GELU, --squared-relu, or SwiGLU with --swiglu)",

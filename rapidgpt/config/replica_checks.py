@@ -4,8 +4,9 @@
 def add_replica_check_args(parser):
     g = parser.add_argument_group("replica checks", "Megatron's checks that the ranks' copies of a weight agree")
     g.add_argument("--test-mode", action="store_true",
-                   help="after every iteration, check that the q/k norm weights (--qk-layernorm) are the same on "
-                        "every tensor- and data-parallel rank (Megatron's real-time test)")
+                   help="after every iteration, check that the q/k norm weights (--qk-layernorm), and multi-latent "
+                        "attention's down projections and latent norms, are the same on every tensor- and "
+                        "data-parallel rank (Megatron's real-time test)")
     g.add_argument("--check-weight-hash-across-dp-replicas-interval", type=int, default=None,
                    help="every N iterations, check that every model weight is the same on each data-parallel rank")
 

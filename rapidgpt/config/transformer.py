@@ -8,6 +8,7 @@ and `TransformerConfig`, the typed record the models are built from (models/ nev
     --swiglu --ffn-hidden-size F
     --group-query-attention --num-query-groups G --kv-channels D
     --disable-bias-linear --add-qkv-bias --qk-layernorm
+    --multi-latent-attention ...                               DeepSeek's MLA (rapidgpt/config/mla.py)
     --sequence-parallel                                        with TP: norms, dropouts, residuals on s / tp
 
 Defaults give GPT-2 (learned positions, LayerNorm, GELU MLP, biases everywhere, one key/value
@@ -22,6 +23,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from rapidgpt.config.mla import MLA_FLAGS, MlaConfig
 from rapidgpt.config.mup import MupConfig
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
@@ -36,7 +38,7 @@ ARCHITECTURE_FLAGS = ("position_embedding_type", "rotary_base", "rotary_percent"
                       "kv_channels",
                       "add_bias_linear", "add_qkv_bias", "qk_layernorm", "bias_gelu_fusion",
                       "use_mup", "mup_base_hidden_size", "mup_embedding_mult", "mup_output_mult", "mup_base_head_dim",
-                      "mup_attn_scale_power")
+                      "mup_attn_scale_power") + MLA_FLAGS
 
 
 def add_architecture_args(parser):
@@ -75,7 +77,8 @@ def add_architecture_args(parser):
     g.add_argument("--add-qkv-bias", action="store_true",
                    help="a bias on the query/key/value projection even with --disable-bias-linear (Qwen2)")
     g.add_argument("--qk-layernorm", action="store_true",
-                   help="normalise each head's query and key (the --normalization kind) before RoPE (Qwen3)")
+                   help="normalise each head's query and key (the --normalization kind) before RoPE (Qwen3); with "
+                        "--multi-latent-attention, its query and key/value latents")
     g.add_argument("--no-bias-gelu-fusion", action="store_false", dest="bias_gelu_fusion",
                    help="GPT's GELU as Megatron computes it unfused: exact (erf). Megatron's fused bias-GELU "
                         "kernel, its default, is the tanh form; without biases (--disable-bias-linear) Megatron "
@@ -184,6 +187,8 @@ class TransformerConfig:
     pipeline_split: object = None
     # --use-mup's init, attention scale and multipliers (rapidgpt/config/mup.py); none by default.
     mup: MupConfig = MupConfig()
+    # --multi-latent-attention's shapes and rotary embedding (rapidgpt/config/mla.py); off by default.
+    mla: MlaConfig = MlaConfig()
 
     def __post_init__(self):
         if self.kv_channels is None:

@@ -96,7 +96,9 @@ class GPTModel(LanguageModelStage):
             if sp:
                 self.scatter_sequence = SubCell(ScatterToSequenceParallelRegion())
             self.embedding_dropout = Dropout(config.hidden_dropout, partition_dim=1 if sp else None)
-        self.rotary = RotaryEmbedding(config) if config.position_embedding_type == "rope" else None
+        # Multi-latent attention has its own rotary channels, beside any --position-embedding-type
+        self.rotary = RotaryEmbedding(config) if config.position_embedding_type == "rope" or config.mla.enabled \
+            else None
         self.layers = TransformerLayers(OrderedDict((str(i), ParallelTransformerLayer(config, i + 1))
                                                    for i in self.stage_layers))
         if self.post_process:

@@ -6,6 +6,9 @@ token's position p: channel pair i turns by the angle p * inv_freq[i], inv_freq[
 unchanged. Pairs are (i, i + r/2) by default (Llama's `rotate_half`, Megatron's default) or
 (2i, 2i+1) with --rotary-interleaved.
 
+Multi-latent attention (rapidgpt/config/mla.py) rotates its positional channels by its own
+frequencies (YaRN's by default), whatever --position-embedding-type says.
+
 `RotaryEmbedding(position_ids)` gives cos and sin stacked, `[2, b or 1, 1, s, r]` fp32, looked up
 in tables computed once in float64 for every position up to --max-position-embeddings;
 `apply_rotary(x, rotary)` rotates q or k `[b, n, s, d]`. The model computes them once per forward
@@ -37,13 +40,18 @@ def inverse_frequencies(config):
 
 
 def rotary_tables(config, positions):
-    """(cos, sin) `[positions, r]` float32 in the layout `apply_rotary` expects."""
-    angles = np.outer(np.arange(positions, dtype=np.float64), inverse_frequencies(config))   # [p, r/2]
+    """(cos, sin) `[positions, r]` float32 in the layout `apply_rotary` expects; under multi-latent
+    attention its positional channels' (rapidgpt/config/mla.py), times YaRN's attention factor."""
+    mla = config.mla
+    inv_freq = (mla.inverse_frequencies(config.rotary_base, config.rotary_percent) if mla.enabled
+                else inverse_frequencies(config))
+    angles = np.outer(np.arange(positions, dtype=np.float64), inv_freq)                     # [p, r/2]
     if config.rotary_interleaved:
         angles = np.repeat(angles, 2, axis=1)                       # f0 f0 f1 f1 ...
     else:
         angles = np.concatenate([angles, angles], axis=1)           # f0 f1 ... f0 f1 ...
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    scale = mla.rotary_scale if mla.enabled else 1.0
+    return (np.cos(angles) * scale).astype(np.float32), (np.sin(angles) * scale).astype(np.float32)
 
 
 class RotaryEmbedding(nn.Cell):

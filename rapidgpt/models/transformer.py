@@ -45,87 +45,25 @@ ZeRO-3 (rapidgpt/parallel/fully_sharded.py): every layer here that owns paramete
 ShardableLayer and gathers its own weights (`whole_weights()`); the composite cells hold no
 ZeRO-3 code.
 """
-import math
-
-import numpy as np
-from mindspore import Tensor, nn, ops
-import mindspore as ms
+from mindspore import nn, ops
 
 from rapidgpt.emulated_bf16 import RoundsToBf16
+from rapidgpt.models.attention import CoreAttention, SelfAttention
+from rapidgpt.models.mla import MultiLatentAttention
 from rapidgpt.models.norms import build_norm
 from rapidgpt.models.rotary import apply_rotary
 from rapidgpt.parallel.layers import ColumnParallelLinear, RowParallelLinear, divide
-from rapidgpt.parallel.random import Dropout, graph_arange
+from rapidgpt.parallel.random import Dropout
 from rapidgpt.parallel.state import get_tensor_model_parallel_world_size
 
 
-def mask_scores(scores, mask):
-    """Megatron's `scores.masked_fill(mask, -10000.0)`. For fp32 scores it is written as
-    `scores * keep + fill`, which gives the same values for finite scores and the same gradient
-    (zero where hidden), and which graph kernel fusion fuses with the scaling before it; MindSpore's
-    CPU MaskedFill is a kernel of its own, forward and backward (~4 ms per layer on the bench model).
-    16-bit scores keep masked_fill: an fp16 product can overflow to inf, and inf * 0 is NaN."""
-    if scores.dtype != ms.float32:
-        return ops.masked_fill(scores, mask, -10000.0)
-    hidden = mask.astype(ms.float32)
-    return scores * (1.0 - hidden) + hidden * -10000.0
-
-
-class CoreAttention(RoundsToBf16, nn.Cell):
-    """Softmax attention of q `[b, np, sq, hn]` over k, v `[b, np, sk, hn]`; mask True = hidden.
-    Returns the context `[b, sq, np*hn]`. No parameters: selective recompute recomputes exactly this.
-
-    With --apply-query-key-layer-scaling (Megatron's, for fp16) layer `layer_number` (1-based)
-    computes the scores divided by layer_number more, then multiplies them back in fp32 before the
-    mask and the softmax, as Megatron's FusedScaleMaskSoftmax with `scale=coeff`: the same
-    probabilities, with products that overflow fp16 only layer_number times later."""
-
-    def __init__(self, config, head_dim, layer_number=1):
-        super().__init__()
-        self.attention_dropout = Dropout(config.attention_dropout, partition_dim=1)   # heads are split
-        self.scores = ops.BatchMatMul(transpose_b=True)
-        self.coeff = layer_number if config.apply_query_key_layer_scaling else None
-        # 1 / sqrt(hn), or muP's scale (rapidgpt/config/mup.py)
-        self.scale = (config.mup.softmax_scale or 1.0 / math.sqrt(head_dim)) / (self.coeff or 1)
-        self.softmax_in_fp32 = config.attention_softmax_in_fp32
-
-    def construct(self, q, k, v, mask):
-        b, _, sq, _ = q.shape
-        if self.coeff is None:
-            scores = mask_scores(self.rounded(self.scores(q, k) * self.scale), mask)   # [b, np, sq, sk]
-        else:       # q scaled before the 16-bit product: Megatron's GEMM applies the factor as it accumulates
-            scores = self.rounded(self.scores(self.rounded(q * self.scale), k))
-            scores = mask_scores(scores.astype(ms.float32) * self.coeff, mask)
-        if self.softmax_in_fp32:
-            scores = scores.astype(ms.float32)
-        probs = self.attention_dropout(self.rounded(ops.softmax(scores, axis=-1).astype(v.dtype)))
-        context = self.rounded(ops.matmul(probs, v))
-        return context.transpose(0, 2, 1, 3).reshape(b, sq, -1)                    # [b, sq, np*hn]
-
-
-# Up to this many positions the causal mask is one constant shared by the layers (16 MB at 4096);
-# beyond, where a constant would take positions^2 bytes (Llama 3.1's 131072: 17 GB), each forward
-# computes the rows it needs.
-CONSTANT_CAUSAL_MASK_POSITIONS = 4096
-_CAUSAL_MASKS = {}
-
-
-def constant_causal_mask(positions):
-    """The causal mask `[1, 1, positions, positions]` (True = hidden) as one Tensor per size, or None
-    above CONSTANT_CAUSAL_MASK_POSITIONS."""
-    if positions > CONSTANT_CAUSAL_MASK_POSITIONS:
-        return None
-    if positions not in _CAUSAL_MASKS:
-        _CAUSAL_MASKS[positions] = Tensor(np.triu(np.ones((1, 1, positions, positions), bool), k=1))
-    return _CAUSAL_MASKS[positions]
-
-
-class ParallelAttention(RoundsToBf16, nn.Cell):
-    """Self-attention over `x` `[b, s, h]` -> `[b, s, h]` (module docstring: layout, GQA, RoPE) of
-    layer `layer_number` (1-based, global: what --apply-query-key-layer-scaling reads)."""
+class ParallelAttention(SelfAttention):
+    """Multi-head (grouped-query) self-attention over `x` `[b, s, h]` -> `[b, s, h]` (module
+    docstring: layout, GQA, RoPE) of layer `layer_number` (1-based, global: what
+    --apply-query-key-layer-scaling reads)."""
 
     def __init__(self, config, layer_number=1):
-        super().__init__()
+        super().__init__(config)
         tp = get_tensor_model_parallel_world_size()
         self.heads_per_rank = divide(config.num_attention_heads, tp, "number of attention heads")
         self.groups_per_rank = divide(config.num_query_groups, tp, "number of query groups")
@@ -144,8 +82,6 @@ class ParallelAttention(RoundsToBf16, nn.Cell):
             self.k_layernorm = build_norm(config, hn, summed_over_tp=True)
         self.rotary_interleaved = config.rotary_interleaved
         self.core_attention = CoreAttention(config, hn, layer_number)
-        self.causal = config.causal
-        self.causal_mask = constant_causal_mask(config.max_position_embeddings)
 
     def heads(self, x, rotary=None):
         """q `[b, np, s, hn]` of this rank's heads, k and v `[b, ng, s, hn]` of its groups;
@@ -177,40 +113,6 @@ class ParallelAttention(RoundsToBf16, nn.Cell):
             k = ops.broadcast_to(ops.expand_dims(k, 2), shape).reshape(b, -1, sk, hn)
             v = ops.broadcast_to(ops.expand_dims(v, 2), shape).reshape(b, -1, sk, hn)
         return self.dense(self.core_attention(q, k, v, mask))
-
-    def construct(self, x, attention_mask=None, rotary=None):
-        """`attention_mask` (True = hidden) is added to the causal mask, or is the whole mask when
-        not causal (BERT's padding mask `[b, 1, 1, s]`: every query sees every real key). With
-        sequence parallelism x is `[b, s / tp, h]`; the q/k/v projection gathers the sequence."""
-        q, k, v = self.heads(x, rotary)
-        s = q.shape[2]
-        if not self.causal:
-            mask = attention_mask
-        elif attention_mask is None:
-            mask = self.causal_rows(0, s, s)
-        else:
-            mask = ops.logical_or(self.causal_rows(0, s, s), attention_mask)
-        return self.attend(q, k, v, mask)
-
-    def causal_rows(self, first, queries, keys):
-        """The causal mask `[1, 1, queries, keys]` (True = hidden) of query positions first ..
-        first + queries - 1 over key positions 0 .. keys - 1."""
-        if self.causal_mask is not None:
-            return self.causal_mask[:, :, first:first + queries, :keys]
-        key_positions = graph_arange(0, keys).reshape(1, keys)
-        query_positions = graph_arange(first, first + queries).reshape(queries, 1)
-        return (key_positions > query_positions).reshape(1, 1, queries, keys)
-
-    def decode(self, x, past=None, rotary=None):
-        """Incremental attention for generation: x `[b, s_new, h]` after `past` = (k, v) of the
-        earlier positions, `[b, ng, s_past, hn]` each (None: none). Returns (output, (k, v)
-        including the new positions)."""
-        q, k, v = self.heads(x, rotary)
-        if past is not None:
-            k, v = ops.cat((past[0], k), axis=2), ops.cat((past[1], v), axis=2)
-        total, new = k.shape[2], x.shape[1]
-        mask = self.causal_rows(total - new, new, total)
-        return self.attend(q, k, v, mask), (k, v)
 
 
 class ParallelMLP(RoundsToBf16, nn.Cell):
@@ -249,7 +151,8 @@ class ParallelTransformerLayer(RoundsToBf16, nn.Cell):
         super().__init__()
         sp = config.sequence_parallel          # the norms see this rank's part of the sequence
         self.input_layernorm = build_norm(config, config.hidden_size, summed_over_tp=sp)
-        self.self_attention = ParallelAttention(config, layer_number)
+        attention = MultiLatentAttention if config.mla.enabled else ParallelAttention
+        self.self_attention = attention(config, layer_number)
         self.post_attention_layernorm = build_norm(config, config.hidden_size, summed_over_tp=sp)
         self.mlp = ParallelMLP(config)
         # Two cells, so the two residual branches draw different masks (the sequence-parallel

@@ -170,10 +170,22 @@ class RowParallelLinear(_ParallelLinear):
 
 class ReplicatedLinear(_ParallelLinear):
     """Linear layer kept whole on every TP rank: `[..., in] -> [..., out]` (small heads, e.g. a
-    classifier's, whose output every rank needs)."""
+    classifier's, whose output every rank needs). `summed_over_tp`: each rank computes it on a part
+    of the data (its part of the sequence, with --sequence-parallel), so the weights' gradients are
+    summed over the TP ranks, as a sequence-parallel norm's (Megatron's `sequence_parallel` weights)."""
 
-    def __init__(self, input_size, output_size, bias=True, init_std=0.02):
+    def __init__(self, input_size, output_size, bias=True, init_std=0.02, summed_over_tp=False):
         super().__init__(input_size, output_size, bias, init_std, partition_dim=None)
+        self.summed_over_tp = summed_over_tp and self.tp > 1
+        if self.summed_over_tp:
+            self.copy_to_region = CopyToTensorParallelRegion()
+
+    def weight_and_bias(self):
+        weight, bias = super().weight_and_bias()
+        if self.summed_over_tp:
+            weight = self.copy_to_region(weight)
+            bias = None if bias is None else self.copy_to_region(bias)
+        return weight, bias
 
 
 class ReplicatedEmbedding(ShardableLayer, nn.Cell):

@@ -34,7 +34,8 @@ from rapidgpt.emulated_bf16 import emulate_bf16
 from rapidgpt.errors import UserError
 from rapidgpt.models.gpt import LanguageModelHead
 from rapidgpt.models.norms import LayerNorm
-from rapidgpt.models.transformer import CoreAttention, TransformerLayers
+from rapidgpt.models.attention import CoreAttention
+from rapidgpt.models.transformer import TransformerLayers
 from rapidgpt.parallel.fully_sharded import FullyShardedModelError, regather_in_backward, shard_model_parameters
 from rapidgpt.parallel.random import Dropout
 

@@ -1,7 +1,8 @@
 """Megatron's checks that the copies of a weight the ranks hold are still the same, bit for bit:
 - `--test-mode` (Megatron's real-time test, its attention's `run_realtime_tests`): the q/k norm
   weights of every attention layer (--qk-layernorm), which each tensor-parallel rank holds whole
-  for its own heads and each data-parallel rank holds too, after every iteration;
+  for its own heads and each data-parallel rank holds too, after every iteration; with multi-latent
+  attention also its down projections and latent norms, which every tensor-parallel rank holds whole;
 - `--check-weight-hash-across-dp-replicas-interval N`: every model weight, across the
   data-parallel ranks, every N iterations.
 A difference (a silent hardware fault, a reduction that missed a rank) stops the run with one line
@@ -19,6 +20,12 @@ import numpy as np
 
 from rapidgpt.errors import UserError
 from rapidgpt.parallel.comm import gather_over_ranks
+
+
+# The attention weights every tensor-parallel rank holds whole: the q/k norms, and multi-latent
+# attention's down projections and latent norms (rapidgpt/models/mla.py).
+Q_K_NORMS = (".q_layernorm.", ".k_layernorm.")
+LATENT_WEIGHTS = (".kv_layernorm.", ".linear_q_down_proj.", ".linear_kv_down_proj.")
 
 
 class ReplicaMismatchError(UserError, RuntimeError):
@@ -51,13 +58,15 @@ class ReplicaChecks:
         self.interval = args.check_weight_hash_across_dp_replicas_interval
         self.state, self.zero3 = state, args.zero.stage == 3
         params = list(model.get_parameters())
-        self.norms = [p for p in params if ".q_layernorm." in p.name or ".k_layernorm." in p.name]
+        self.norms = [p for p in params if any(key in p.name for key in Q_K_NORMS + LATENT_WEIGHTS)]
+        self.what = ("q/k norm weights" if not any(key in p.name for p in self.norms for key in LATENT_WEIGHTS)
+                     else "q/k norm weights and multi-latent attention's latent weights")
         self.weights = params
 
     def describe(self):
         lines = []
         if self.test_mode:
-            lines.append(f" > --test-mode: after every iteration, the {len(self.norms)} q/k norm weights of this rank are "
+            lines.append(f" > --test-mode: after every iteration, the {len(self.norms)} {self.what} of this rank are "
                          f"compared with every tensor- and data-parallel rank's" if self.norms else
                          " > --test-mode: the model has no q/k norm weights (--qk-layernorm) to compare")
         if self.interval:
@@ -67,7 +76,7 @@ class ReplicaChecks:
 
     def after_iteration(self, iteration):
         if self.test_mode and self.norms:
-            self._compare(self.norms, iteration, "--test-mode", "q/k norm weight",
+            self._compare(self.norms, iteration, "--test-mode", "attention weight",
                           lambda r: self.state.coordinates(r)[1:] if self.zero3 else self.state.coordinates(r)[2])
         if self.interval and iteration % self.interval == 0:
             self._compare(self.weights, iteration, "--check-weight-hash-across-dp-replicas-interval", "weight",

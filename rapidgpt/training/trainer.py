@@ -123,6 +123,8 @@ class Trainer:
                          f"({tp_rank}, {pp_rank}): {count}")
         gpt = isinstance(model.chunks[0] if isinstance(model, ModelChunks) else model, GPTModel)
         self.logger.info(startup_line(self.args, model.vocab_size if gpt else None, count))
+        if gpt and self.args.mla.enabled:
+            self.logger.info(self.args.mla.describe())
         if pipelined and split is not None:
             self.logger.info(f" > pipeline split: {split.describe()}")
         self.timers("model-and-optimizer-setup").stop()

@@ -12,20 +12,20 @@ importlib.import_module("rapidgpt")
 
 
 @pytest.fixture(autouse=True)
-def graph_kernel_fusion_as_the_process_started():
-    """Each test starts with MindSpore's graph kernel fusion as the test process started (off): an
-    engine a test creates switches it on for its run (rapidgpt/config/kernel_fusion.py, through
-    MS_DEV_GRAPH_KERNEL_FLAGS), and a later test that compiles a step of its own in the same process
-    would otherwise fuse it too. (Measured: a unit test's fp16 step, fused after an engine's run in
-    the same process, stopped MindSpore 2.10's kernel compiler, AKG, on a Cast it does not build,
-    and every later compile of that process failed.)"""
+def graph_kernel_fusion_off_as_each_test_starts():
+    """Each test starts with MindSpore's graph kernel fusion off, as a fresh process has it: an
+    engine switches it on for its run (rapidgpt/config/kernel_fusion.py, through
+    MS_DEV_GRAPH_KERNEL_FLAGS), an engine of a module-scoped fixture before the module's first test,
+    and a later test that compiles a step of its own in the same process would otherwise fuse it too.
+    (Measured: a unit test's fp16 step, fused after an engine's run in the same xdist worker, stopped
+    MindSpore 2.10's kernel compiler, AKG, on a Cast it does not build; every later compile of that
+    worker failed, and one hung.) A test's own engine switches it on again."""
     from rapidgpt.config.kernel_fusion import FLAGS_VARIABLE
-    before = os.environ.get(FLAGS_VARIABLE)
-    yield
-    if before is None:
-        os.environ.pop(FLAGS_VARIABLE, None)
+    flags = [flag for flag in os.environ.get(FLAGS_VARIABLE, "").split() if not flag.startswith("--opt_level=")]
+    if flags:
+        os.environ[FLAGS_VARIABLE] = " ".join(flags)
     else:
-        os.environ[FLAGS_VARIABLE] = before
+        os.environ.pop(FLAGS_VARIABLE, None)
 
 
 @pytest.fixture(scope="session")

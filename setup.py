@@ -26,6 +26,7 @@ setup(
         "decorator",        # MindSpore's kernel compiler (AKG) imports it: graph kernel fusion on CPU (also needs g++)
         "tokenizers",       # --tokenizer-type HuggingFaceTokenizer reads tokenizer.json with it (and the tests
                             # check our GPT-2 byte-level BPE against it)
+        "pyyaml",           # Megatron's distillation settings and teacher model config (--export-kd-*) are YAML
     ],
     extras_require={
         # torch: the Megatron-LM checkpoint tests (the CPU build 2.13.0 lies on the CI machines' disk).

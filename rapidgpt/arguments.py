@@ -25,6 +25,7 @@ from rapidgpt.config.implementation_choices import (add_implementation_choice_ar
                                                     values_of)
 from rapidgpt.config.kernel_fusion import add_kernel_fusion_args, check_kernel_fusion_args
 from rapidgpt.config.megatron_flags import add_megatron_flags, check_megatron_flags
+from rapidgpt.config.distillation import add_distillation_args, check_distillation_args
 from rapidgpt.config.mla import add_mla_args, check_mla_args
 from rapidgpt.config.mup import add_mup_args, check_mup_args
 from rapidgpt.config.rerun import add_rerun_args, check_rerun_args
@@ -344,7 +345,7 @@ def build_parser(extra_args_provider=None, megatron_flags=True):
                 add_zero_args, add_replica_check_args, add_kernel_fusion_args, add_compile_cache_args,
                 add_implementation_choice_args,
                 _launcher_args, _rapidformer_args, add_pipeline_split_args, add_wandb_args, add_fim_args, add_mup_args,
-                add_mla_args, add_wsd_args, add_rerun_args):
+                add_mla_args, add_wsd_args, add_rerun_args, add_distillation_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -477,6 +478,7 @@ def validate_args(args, world_size=1, check=None):
     check_fim_args(args, check)
     check_mup_args(args, check)
     check_mla_args(args, check)
+    check_distillation_args(args, check)    # after the model's: the teacher's flags are compared with them
     check_wsd_args(args, check)
     check_zero_args(args, check)            # before the precision flags: Megatron-FSDP's gradient dtypes set them
     check_precision_args(args, check)

@@ -25,7 +25,7 @@ from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
 from rapidgpt.data.fim import fim_config
 from rapidgpt.data.gpt_dataset import GPTDatasetConfig
 from rapidgpt.data.mock_dataset import MockCorpus
-from rapidgpt.models import build_gpt_model
+from rapidgpt.models import build_distillation_model, build_gpt_model, distillation_loss
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,6 +115,8 @@ class MegatronGPTPretrainer(Pretrainer):
         tokenizer = get_tokenizer()
         vocab_size = tokenizer.vocab_size if tokenizer is not None else self.args.vocab_size
         model = build_gpt_model(self.args, vocab_size, pre_process, post_process, vp_stage)
+        if self.args.distillation is not None:   # --export-kd-teacher-load: Megatron's ModelOpt distillation
+            model = build_distillation_model(self.args, model)
         return model, None, None
 
     def run_forward_step(self, data_iterator, model):
@@ -125,6 +127,8 @@ class MegatronGPTPretrainer(Pretrainer):
         """
         tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
         output_tensor = model(tokens, position_ids, attention_mask, labels)   # per-token loss [b, s]
+        if self.args.distillation is not None:   # the student's and the teacher's per-token losses
+            return output_tensor, distillation_loss(self.args, model, loss_mask)
         return output_tensor, partial(loss_func, loss_mask)
 
 

@@ -89,7 +89,7 @@ class CompileCacheConfig:
 
     @classmethod
     def from_args(cls, args):
-        return cls(args.compile_cache == "on")
+        return cls(args.compile_cache == "on" and getattr(args, "distillation", None) is None)
 
 
 def add_compile_cache_args(parser):
@@ -113,6 +113,10 @@ def check_compile_cache_environment():
 
 def describe_compile_cache(args):
     """What the start-up line says."""
+    if args.compile_cache == "on" and getattr(args, "distillation", None) is not None:
+        # Measured: the same distillation run started twice, the second on the cached step, whose
+        # teacher (frozen parameters renamed under kd_teacher.) computed NaN losses.
+        return "off with --export-kd-teacher-load (MindSpore's cached step does not run the frozen teacher right)"
     if not args.compile_cache_config.enabled:
         return "off (--compile-cache off)"
     if not args.jit:

@@ -78,6 +78,11 @@ IMPLEMENTATION = {
                                               "communication for the device",
     "--use-ring-exchange-p2p": "pipeline stages exchange activations through MindSpore's communication",
     "--local-rank": "msrun (or the rapidgpt command) gives every process its rank",
+    # knowledge distillation (rapidgpt/config/distillation.py)
+    "--export-kd-teacher-ckpt-format": "the teacher is a RapidGPT checkpoint (or Hugging Face folder), read in the "
+                                       "format its files record; convert a Megatron-LM one with "
+                                       "data_tools/convert_megatron.py",
+    "--export-te-mcore-model": "the layers are RapidGPT's own; there is no Transformer Engine layer spec",
     "--distributed-timeout-seconds-after-init": "see --distributed-timeout-minutes",
     "--flight-recorder-*": "the NCCL flight recorder is PyTorch's; a failed rank is named in the log",
     "--no-flight-recorder-*": "the NCCL flight recorder is PyTorch's; a failed rank is named in the log",
@@ -293,8 +298,9 @@ REFUSED = [
     ("Megatron's old spelling of --position-embedding-type none: use that", ("--no-position-embedding",), ()),
     ("heterogeneous layer configurations (per-layer shapes) are not built", (),
      ("heterogeneous architecture",)),
-    ("NVIDIA ModelOpt (quantization, knowledge distillation, pruning, and its export and finetuning data; the "
-     "flags pretrain_gpt.py adds when ModelOpt is installed) is not built", (), ("modelopt-generic",)),
+    ("NVIDIA ModelOpt's quantization, pruning, export and finetuning data (flags pretrain_gpt.py adds when "
+     "ModelOpt is installed) are not built; its knowledge distillation is (--export-kd-teacher-load)", (),
+     ("modelopt-generic",)),
 ]
 
 

@@ -230,10 +230,15 @@ class LanguageModelHead(RoundsToBf16, nn.Cell):
         return logits
 
     def construct(self, x, weight, labels, bias=None):
+        return self.loss(self.parallel_logits(x, weight, bias), labels)
+
+    def loss(self, logits, labels):
+        """`parallel_logits`' `[b*s, padded / tp]` and labels `[b, s]` -> per-token loss `[b, s]` (fp32)."""
         if self.tp > 1:
-            losses = self.cross_entropy(self.parallel_logits(x, weight, bias), labels.reshape(-1))
+            losses = self.cross_entropy(logits, labels.reshape(-1))
         else:
-            losses = cross_entropy(self.logits(x, weight, bias), labels.reshape(-1))
+            losses = cross_entropy(logits[:, :self.vocab_size] if self.padded_vocab_size > self.vocab_size
+                                   else logits, labels.reshape(-1))
         return losses.reshape(labels.shape)
 
 

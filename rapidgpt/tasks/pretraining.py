@@ -21,6 +21,7 @@ from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.errors import UserError
 from rapidgpt.global_vars import get_tokenizer
 from rapidgpt.models.bert import bert_loss_func, build_bert_model
+from rapidgpt.models.distillation import build_distillation_model, distillation_loss, student_of
 from rapidgpt.models.generation import generate
 from rapidgpt.models.gpt import build_gpt_model, lm_loss_func
 from rapidgpt.training.pretrainer import Pretrainer, next_batch
@@ -68,12 +69,17 @@ class GPTPretrainer(Pretrainer):
             valid_data_path=args.valid_data_path, test_data_path=args.test_data_path, mock=mock_corpus(args))
 
     def model_optimizer_lr_scheduler_provider(self, pre_process=True, post_process=True, vp_stage=None):
-        return build_gpt_model(self.args, vocab_size(self.args), pre_process, post_process, vp_stage), None, None
+        model = build_gpt_model(self.args, vocab_size(self.args), pre_process, post_process, vp_stage)
+        if self.args.distillation is not None:         # --export-kd-teacher-load
+            model = build_distillation_model(self.args, model)
+        return model, None, None
 
     def run_forward_step(self, data_iterator, model):
         batch = next_batch(data_iterator)
         attention_mask = batch["attention_mask"] if "attention_mask" in batch else None
         output = model(batch["tokens"], batch["position_ids"], attention_mask, batch["labels"])
+        if self.args.distillation is not None:
+            return output, distillation_loss(self.args, model, batch["loss_mask"])
         return output, partial(lm_loss_func, batch["loss_mask"], per_token=self.args.calculate_per_token_loss)
 
 
@@ -139,7 +145,7 @@ def main(argv=None, args=None):
         trainer.logger.info(" no sample continuation: --sequence-parallel splits the sequence over the TP "
                             "ranks (generate from the checkpoint with --task text_generation)")
     elif wants_sample:
-        text = generate(model, get_tokenizer(), args.prompt, args.max_new_tokens, top_k=args.top_k,
+        text = generate(student_of(model), get_tokenizer(), args.prompt, args.max_new_tokens, top_k=args.top_k,
                         top_p=args.top_p, temperature=args.temperature, seed=args.seed)
         how = f"top-k {args.top_k}, temperature {args.temperature}" if args.top_k else "greedy"
         trainer.logger.info(f"\nprompt: {args.prompt!r}\ncontinuation ({how}): {text!r}")

@@ -396,7 +396,8 @@ class PretrainedLoad(NamedTuple):
     unused: list
 
 
-def load_pretrained_weights(path, model, logger=None, optimizer=None, stage_layers=None):
+def load_pretrained_weights(path, model, logger=None, optimizer=None, stage_layers=None,
+                            flag="--pretrained-checkpoint"):
     """Model weights only (no optimizer, scheduler, iteration or RNG) from the checkpoint under
     `path` (--pretrained-checkpoint; `latest` or an `iter_*` directory, as for --load).
 
@@ -406,19 +407,19 @@ def load_pretrained_weights(path, model, logger=None, optimizer=None, stage_laye
     checkpoint tensors are logged. A shape that differs is an error. Must run before the first
     compiled step. With the run's `optimizer` wrapper, 16-bit runs load into the fp32 main
     parameters (then cast into the model's). `stage_layers`: the run's layers per pipeline stage
-    (rapidgpt/config/pipeline_split.py; None: an even split).
+    (rapidgpt/config/pipeline_split.py; None: an even split). `flag`: the flag that named `path`.
     """
     if os.path.isfile(os.path.join(path, "config.json")):
         directory = path
         checkpoint = _HuggingFaceWeights(path, model, logger)
     else:
-        directory = find_checkpoint(path, logger, flag="--pretrained-checkpoint")
+        directory = find_checkpoint(path, logger, flag=flag)
         checkpoint = _RankCheckpoint(directory, stage_layers=stage_layers)
     checkpoint_names = checkpoint.meta.get("model_parameters") or sorted(checkpoint.names())
     params = _named_parameters(model, optimizer, False)
     prefix = checkpoint.prefix = _prefix_of(params, set(checkpoint_names))
     if prefix is None:
-        raise CheckpointError(f"--pretrained-checkpoint {path}: none of its {len(checkpoint_names)} tensors "
+        raise CheckpointError(f"{flag} {path}: none of its {len(checkpoint_names)} tensors "
                               f"(e.g. {checkpoint_names[0]}) matches a parameter of the model "
                               f"(e.g. {next(iter(params))}); it was saved from a different model")
     targets = {prefix + name: (params[prefix + name], name) for name in checkpoint_names
@@ -431,7 +432,8 @@ def load_pretrained_weights(path, model, logger=None, optimizer=None, stage_laye
     if logger is not None:
         where = f" into {prefix!r}" if prefix else ""
         logger.info(f" loaded {len(report.loaded)} of the model's {len(params)} parameters from "
-                    f"--pretrained-checkpoint {directory}{where} (weights only, starting at iteration 0)\n"
+                    f"{flag} {directory}{where} (weights only"
+                    f"{', starting at iteration 0' if flag == '--pretrained-checkpoint' else ''})\n"
                     f"   newly initialised (not in the checkpoint): {', '.join(report.initialised) or 'none'}\n"
                     f"   unused checkpoint tensors: {', '.join(report.unused) or 'none'}")
     return report

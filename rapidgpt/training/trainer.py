@@ -17,6 +17,7 @@ from mindspore import Tensor, nn
 from rapidgpt.config.compile_cache import StepGraphCache
 from rapidgpt.config.pipeline_split import run_stage_layers
 from rapidgpt.global_vars import get_args, get_logger, get_timers
+from rapidgpt.models.distillation import DistillationModel, student_of
 from rapidgpt.models.gpt import GPTModel
 from rapidgpt.optim import build_lr_scheduler, learning_rates
 from rapidgpt.optim.distributed_optimizer import PIECE_PREFIX
@@ -113,16 +114,25 @@ class Trainer:
                 f"--pipeline-model-parallel-size: the {type(model).__name__} from model_optimizer_lr_scheduler_provider "
                 f"cannot be split into pipeline stages; build only the stage given by pre_process/post_process "
                 f"and give the model Megatron's set_input_tensor (rapidgpt.models.GPTModel does both)")
+        distillation = self.args.distillation
+        if distillation is not None and not isinstance(model, DistillationModel):
+            raise HookContractError(
+                f"--export-kd-teacher-load: the {type(model).__name__} from model_optimizer_lr_scheduler_provider "
+                f"has no teacher; wrap the GPT in rapidgpt.models.build_distillation_model and return rapidgpt.models."
+                f"distillation_loss from run_forward_step (as user_scripts/pretrain_gpt.py does), or drop the flag")
         check_tensor_parallel_model(model)
         initialize_parameters(model, self.args.seed)
-        count = sum(int(np.prod(p.shape)) for p in model.get_parameters())     # whole, before ZeRO-3
+        count = sum(int(np.prod(p.shape)) for p in student_of(model).get_parameters())  # whole, before ZeRO-3
         self.zero3_units = prepare_model(model, self.args.precision, self.args.recompute, self.logger, self.args.jit,
                       compile_layers=pipelined, zero=self.args.zero)
         tp_rank, _, pp_rank = get_parallel_state().coordinates()
         self.logger.info(f" > number of parameters on (tensor, pipeline) model parallel rank "
                          f"({tp_rank}, {pp_rank}): {count}")
-        gpt = isinstance(model.chunks[0] if isinstance(model, ModelChunks) else model, GPTModel)
+        gpt = isinstance(model.chunks[0] if isinstance(model, ModelChunks) else student_of(model), GPTModel)
         self.logger.info(startup_line(self.args, model.vocab_size if gpt else None, count))
+        if distillation is not None:
+            teacher_count = sum(int(np.prod(p.shape)) for p in model.teacher.get_parameters())
+            self.logger.info(distillation.describe() + f"; the teacher has {teacher_count} parameters on this rank")
         if gpt and self.args.mla.enabled:
             self.logger.info(self.args.mla.describe())
         if pipelined and split is not None:
@@ -222,6 +232,8 @@ class Trainer:
             self.timers("load-checkpoint").stop()
 
     def _load_checkpoint_if_asked(self):
+        if isinstance(self.model, DistillationModel):
+            self.model.load_teacher(self.logger)
         flag, _ = start_checkpoint(self.args)
         if flag is None and self.args.load:
             self.logger.warning(f"WARNING: no checkpoint under --load {self.args.load}: starting from "
@@ -230,11 +242,11 @@ class Trainer:
             if self.args.load:
                 self.logger.info(f" no checkpoint under --load {self.args.load} yet: starting from "
                                  f"--pretrained-checkpoint")
-            load_pretrained_weights(self.args.pretrained_checkpoint, self.model, self.logger, self.optimizer,
-                                    run_stage_layers(self.args))
+            load_pretrained_weights(self.args.pretrained_checkpoint, student_of(self.model), self.logger,
+                                    self.optimizer, run_stage_layers(self.args))
         if flag != "--load":
             return 0, 0
-        iteration, consumed = load_checkpoint(self.args, self.model, self.optimizer, self.lr_scheduler,
+        iteration, consumed = load_checkpoint(self.args, student_of(self.model), self.optimizer, self.lr_scheduler,
                                               self.logger, rerun=self.rerun_machine())
         self.logger.info(f" loaded checkpoint from {self.args.load} at iteration {iteration}"
                          + (" (--finetune: weights only, starting at iteration 0)" if self.args.finetune else ""))
@@ -251,7 +263,8 @@ class Trainer:
 
     def save(self, iteration, consumed):
         self.timers("save-checkpoint").start()
-        path = save_checkpoint(self.args, iteration, consumed, self.model, self.optimizer, self.lr_scheduler,
+        path = save_checkpoint(self.args, iteration, consumed, student_of(self.model), self.optimizer,
+                               self.lr_scheduler,
                                rerun_state=self.rerun_machine().state_dict())
         self.timers("save-checkpoint").stop()
         self.logger.info(f"  successfully saved checkpoint at iteration {iteration:7d} to {path}")

@@ -9,11 +9,15 @@ import pytest
 
 from batched_runs import msrun
 from rapidgpt.arguments import parse_args
-from test_parallel import assert_same_run, single
+from test_parallel import assert_same_run, checkpoint_of, single
 
+# Megatron's DISTILL_CONFIG of gpt3_mcore_te_tp2_pp1_modelopt_distill_resume, with two more pairs of the shapes
+# its examples/post_training/modelopt/distillation.md shows (a layer's input norm; a layer's output, by MSE).
 DISTILL_CFG = """intermediate_layer_pairs:
 - - decoder.final_layernorm
   - decoder.final_layernorm
+- [decoder.layers.0.input_layernorm, decoder.layers.1.input_layernorm]
+- [decoder.layers.1, decoder.layers.2, mse]
 logit_layers:
 - output_layer
 - output_layer
@@ -27,26 +31,33 @@ def log_softmax(x):
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def modelopt_losses(student_logits, teacher_logits, student_x, teacher_x, mask, temperature, skip_lm_loss,
-                    kd_loss_scale, lm):
-    """ModelOpt's LogitsKLLoss, HiddenStateCosineLoss and LogitsAndIntermediatesLossBalancer on one
-    micro-batch (Megatron's _mask_loss: sums over the masked tokens), float64."""
+def cosine_loss(a, b):
+    """torch's cosine_embedding_loss with target 1, per token."""
+    return 1 - (a * b).sum(-1) / np.sqrt(((a ** 2).sum(-1) + 1e-12) * ((b ** 2).sum(-1) + 1e-12))
+
+
+def modelopt_losses(student_logits, teacher_logits, pairs, mask, temperature, skip_lm_loss, kd_loss_scale, lm):
+    """ModelOpt's LogitsKLLoss, its intermediate losses on `pairs` [(student state, teacher state, loss
+    function)] and LogitsAndIntermediatesLossBalancer on one micro-batch (Megatron's _mask_loss: sums
+    over the masked tokens), float64."""
     p, q = log_softmax(student_logits / temperature), log_softmax(teacher_logits / temperature)
     kl = (np.exp(q) * (q - p)).sum(-1)                                     # F.kl_div(p, q, log_target=True)
-    cos = (student_x * teacher_x).sum(-1) / np.sqrt(((student_x ** 2).sum(-1) + 1e-12)
-                                                    * ((teacher_x ** 2).sum(-1) + 1e-12))
-    logits_loss, intermediate, lm_loss = (kl * mask).sum(), ((1 - cos) * mask).sum(), (lm * mask).sum()
+    per_pair = [loss(a, b) for a, b, loss in pairs]
+    logits_loss, lm_loss = (kl * mask).sum(), (lm * mask).sum()
+    intermediate = sum((x * mask).sum() for x in per_pair) / len(per_pair)
     total = logits_loss + (intermediate * logits_loss / intermediate if intermediate > 0 else intermediate)
     if not skip_lm_loss:
         total = lm_loss + (total * lm_loss / total if total > 0 and lm_loss > 0 else total) * kd_loss_scale
-    return kl, 1 - cos, {"lm loss": lm_loss, "total loss": total, "logits distillation loss": logits_loss,
-                         "intermediate distillation loss": intermediate}
+    return kl, per_pair, {"lm loss": lm_loss, "total loss": total, "logits distillation loss": logits_loss,
+                          "intermediate distillation loss": intermediate}
 
 
 @pytest.mark.parametrize("skip_lm_loss", [True, False], ids=["skip-lm-loss", "with-lm-loss"])
 def test_distillation_losses_are_modelopts(skip_lm_loss):
     """A 1-layer student and a 2-layer teacher over a padded vocabulary (100 of 128 rows), temperature
-    2: the per-token KL and cosine losses and the balanced total equal the numpy port within 1e-5,
+    2, three pairs (the final norms'; the student's first layer's input norm against the teacher's
+    second's; the first layers' outputs by MSE), the states taken by calling the layers one by one:
+    the per-token KL and pair losses and the balanced total equal the numpy port within 1e-5,
     the lm loss is zero in training with skip_lm_loss (Megatron logs 0) and the student's loss in
     evaluation, which is then what is trained on."""
     from mindspore import Tensor
@@ -63,14 +74,31 @@ def test_distillation_losses_are_modelopts(skip_lm_loss):
     initialize_parameters(student, 1)
     initialize_parameters(teacher, 2)
     assert student.padded_vocab_size == 128
-    config = DistillationConfig("unused", {}, (("decoder.final_layernorm", "decoder.final_layernorm", "cosine"),),
-                                skip_lm_loss=skip_lm_loss, kd_loss_scale=3.0, logit_kl_temperature=2.0)
+    pairs = (("decoder.final_layernorm", "decoder.final_layernorm", "cosine"),
+             ("decoder.layers.0.input_layernorm", "decoder.layers.1.input_layernorm", "cosine"),
+             ("decoder.layers.0", "decoder.layers.0", "mse"))
+    config = DistillationConfig("unused", {}, pairs, skip_lm_loss=skip_lm_loss, kd_loss_scale=3.0,
+                                logit_kl_temperature=2.0)
     rng = np.random.default_rng(0)
     tokens = Tensor(rng.integers(0, 100, (2, 12)).astype(np.int32))
     labels = Tensor(rng.integers(0, 100, (2, 12)).astype(np.int32))
     mask = (rng.random((2, 12)) > 0.3).astype(np.float32)
     reference_logits = [m(tokens).asnumpy().astype(np.float64) for m in (student, teacher)]
-    hidden = [m.hidden_states(tokens).asnumpy().astype(np.float64) for m in (student, teacher)]
+    final = [m.hidden_states(tokens).asnumpy().astype(np.float64) for m in (student, teacher)]
+    # The layers' states computed by calling each layer cell in turn.
+    states = []
+    for m in (student, teacher):
+        x = m.embed(tokens, Tensor(np.arange(12, dtype=np.int32)))
+        layers = list(m.layers.cell_list)
+        inputs = [x]
+        for layer in layers:
+            inputs.append(layer(inputs[-1]))
+        states.append(([layer.input_layernorm(x).asnumpy().astype(np.float64) for layer, x in zip(layers, inputs)],
+                       [x.asnumpy().astype(np.float64) for x in inputs[1:]]))
+    (student_norms, student_outputs), (teacher_norms, teacher_outputs) = states
+    mse = lambda a, b: ((a - b) ** 2).mean(-1)          # noqa: E731
+    compared = [(final[0], final[1], cosine_loss), (student_norms[0], teacher_norms[1], cosine_loss),
+                (student_outputs[0], teacher_outputs[0], mse)]
     lm = student(tokens, None, None, labels).asnumpy().astype(np.float64)
     model = DistillationModel(student, teacher, config)
     assert not [p.name for p in teacher.get_parameters() if not p.name.startswith("kd_teacher.") or p.requires_grad]
@@ -79,10 +107,12 @@ def test_distillation_losses_are_modelopts(skip_lm_loss):
         assert not model.teacher.training
         output = model(tokens, None, None, labels)
         loss, tokens_counted, stats = distillation_loss_func(skip_lm_loss, 3.0, training, Tensor(mask), output)
-        kl, cosine, expected = modelopt_losses(*reference_logits, *hidden, mask, 2.0, skip_lm_loss, 3.0,
-                                               np.zeros_like(lm) if training and skip_lm_loss else lm)
+        kl, per_pair, expected = modelopt_losses(*reference_logits, compared, mask, 2.0, skip_lm_loss, 3.0,
+                                                 np.zeros_like(lm) if training and skip_lm_loss else lm)
         np.testing.assert_allclose(output[1].asnumpy(), kl, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(output[2][0].asnumpy(), cosine, rtol=1e-5, atol=1e-6)
+        assert len(output[2]) == 3
+        for found, reference in zip(output[2], per_pair):
+            np.testing.assert_allclose(found.asnumpy(), reference, rtol=1e-5, atol=1e-6)
         for name, value in expected.items():
             # sums over 17 tokens of fp32 KLs near 0.003 (each within ~1e-6 of float64's)
             np.testing.assert_allclose(float(stats[name].asnumpy()), value, rtol=1e-5, atol=2e-5, err_msg=name)
@@ -128,10 +158,10 @@ def test_distillation_flags_are_checked(capsys, tmp_path):
     assert "--export-kd-teacher-load: distillation with pipeline stages is not built" in errors(
         capsys, ["--export-kd-teacher-load", str(tmp_path), "--pipeline-model-parallel-size", "2"])
     cfg = tmp_path / "kd.yaml"
-    cfg.write_text("intermediate_layer_pairs: [[decoder.layers.3, decoder.layers.5]]\nkd_loss_scael: 2\n")
+    cfg.write_text("intermediate_layer_pairs: [[decoder.layers.3.mlp, decoder.layers.5]]\nkd_loss_scael: 2\n")
     err = errors(capsys, ["--export-kd-teacher-load", str(tmp_path), "--export-kd-cfg", str(cfg)])
     assert "--export-kd-cfg: unknown setting(s) kd_loss_scael; the settings are" in err
-    assert "--export-kd-cfg: intermediate layer 'decoder.layers.3' is not built" in err
+    assert "--export-kd-cfg: intermediate layer 'decoder.layers.3.mlp' is not built" in err
 
 
 # Megatron's gpt3_mcore_te_tp2_pp1_modelopt_distill_resume (d98e8a6), every flag but the paths, sizes made tiny
@@ -176,8 +206,8 @@ def test_megatrons_distillation_functional_test_at_tp2_prints_the_single_process
     cfg.write_text(DISTILL_CFG)
     distill = ["--task", "pretraining", *DISTILL_CONFIG, "--export-kd-teacher-load", str(teacher), "--export-kd-cfg",
                str(cfg)]
-    status, reference_log = single([*distill, "--tensor-model-parallel-size", "1", "--save", str(tmp_path / "single")],
-                                   env)
+    status, reference_log = single([*distill, "--tensor-model-parallel-size", "1", "--save", str(tmp_path / "single"),
+                                    "--save-interval", "3"], env)
     assert status == 0, reference_log[-3000:]
     assert " > knowledge distillation from " in reference_log
     assert " the teacher's model flags that differ from the student's: --num-layers 3" in reference_log
@@ -190,3 +220,18 @@ def test_megatrons_distillation_functional_test_at_tp2_prints_the_single_process
     assert status == 0, log[-3000:]
     assert_same_run([(name, float(value)) for name, value in KD_VALUES.findall(log)], reference)
     assert "successfully saved checkpoint at iteration       6" in log
+    # The functional test is a resume test: from the single process's iteration-3 checkpoint (the teacher
+    # read again from --export-kd-teacher-load, not from the student's checkpoint), iterations 4-6 again.
+    checkpoint = checkpoint_of(tmp_path / "single", 3, tmp_path / "resume")
+    status, log = single([*distill, "--tensor-model-parallel-size", "1", "--load", checkpoint, "--save",
+                          str(tmp_path / "resumed")], env)
+    assert status == 0, log[-3000:]
+    assert " loaded checkpoint from " in log and "at iteration 3" in log
+    assert iteration_values(log) == pytest.approx({i: v for i, v in iteration_values(reference_log).items() if i > 3},
+                                                  rel=1e-5)
+
+
+def iteration_values(log):
+    """{iteration: [its logged losses and grad norm]}."""
+    return {int(re.search(r" iteration\s+(\d+)/", line).group(1)): [float(v) for _, v in KD_VALUES.findall(line)]
+            for line in log.splitlines() if line.startswith(" iteration ")}

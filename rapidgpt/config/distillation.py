@@ -6,7 +6,8 @@
                                           DIR/model_config.yaml when it exists), over those DIR records
     --export-kd-cfg F                     YAML of the distillation settings (ModelOpt's DistillationConfig):
         logit_layers: [output_layer, output_layer]          the logits' KL divergence (the only pair)
-        intermediate_layer_pairs: [[decoder.final_layernorm, decoder.final_layernorm(, cosine|mse)], ...]
+        intermediate_layer_pairs: [[student layer, teacher layer(, cosine|mse)], ...], each layer
+                                  decoder.final_layernorm, decoder.layers.N or decoder.layers.N.input_layernorm
         skip_lm_loss: true        train on the distillation loss alone (the logged "lm loss" is then 0)
         kd_loss_scale: 1.0        with skip_lm_loss false: lm loss + scale x (distillation loss
                                   rescaled to the lm loss's size)
@@ -22,13 +23,27 @@ difference) rescaled to the logits loss's size (a factor held constant in the ba
 import argparse
 import glob
 import os
+import re
 from dataclasses import dataclass
 
 from rapidgpt.config.mla import MLA_FLAGS
 
 LOGIT_LAYERS = ["output_layer", "output_layer"]
-# ModelOpt's names of the hidden states an intermediate pair may compare, as RapidGPT builds them.
-INTERMEDIATE_LAYERS = ("decoder.final_layernorm",)
+# The hidden states an intermediate pair may compare, by Megatron-core's module names: the final norm's
+# output, layer N's output, layer N's input norm's output.
+INTERMEDIATE_LAYERS = ("decoder.final_layernorm", "decoder.layers.N", "decoder.layers.N.input_layernorm")
+_LAYER_NAME = re.compile(r"decoder\.(?:final_layernorm|layers\.(\d+)(\.input_layernorm)?)")
+
+
+def parse_layer(name):
+    """A module name of INTERMEDIATE_LAYERS -> ("final_layernorm", None), ("output", N) or
+    ("input_layernorm", N); None for another name."""
+    match = _LAYER_NAME.fullmatch(str(name))
+    if match is None:
+        return None
+    if match.group(1) is None:
+        return "final_layernorm", None
+    return ("input_layernorm" if match.group(2) else "output"), int(match.group(1))
 INTERMEDIATE_LOSSES = ("cosine", "mse")
 KD_CFG_KEYS = ("intermediate_layer_pairs", "logit_layers", "skip_lm_loss", "kd_loss_scale", "logit_kl_temperature")
 TEACHER_CONFIG = "model_config.yaml"
@@ -104,10 +119,9 @@ def _distillation_settings(args, check):
                       f"or [student layer, teacher layer, cosine|mse]")
             continue
         loss = entry[2] if len(entry) == 3 else "cosine"
-        bad = [name for name in entry[:2] if name not in INTERMEDIATE_LAYERS]
+        bad = [name for name in entry[:2] if parse_layer(name) is None]
         check.require(not bad, f"{flag}: intermediate layer {bad[0] if bad else ''!r} is not built; an "
-                               f"intermediate pair compares {', '.join(INTERMEDIATE_LAYERS)} (the final norm's "
-                               f"output)")
+                               f"intermediate pair compares {', '.join(INTERMEDIATE_LAYERS)} (N from 0)")
         check.require(loss in INTERMEDIATE_LOSSES, f"{flag}: intermediate loss {loss!r} must be one of "
                                                    f"{', '.join(INTERMEDIATE_LOSSES)}")
         pairs.append((entry[0], entry[1], loss))
@@ -180,6 +194,12 @@ def check_distillation_args(args, check):
     unbuilt = [name for name in teacher_flags if name == "use_mup" or name.startswith("mup_") or name in MLA_FLAGS]
     check.require(not unbuilt, f"{flag}: the teacher's muP or multi-latent attention flags differ from the "
                                f"student's ({', '.join(unbuilt)}); such a teacher is not built")
+    for student, teacher, _ in settings["intermediate_pairs"]:
+        for name, who, layers in ((student, "student", args.num_layers),
+                                  (teacher, "teacher", teacher_flags.get("num_layers", args.num_layers))):
+            _, n = parse_layer(name) or (None, None)
+            check.require(n is None or n < layers, f"--export-kd-cfg: {name}: the {who} has {layers} layers "
+                                                   f"(numbered from 0)")
     hidden = teacher_flags.get("hidden_size", args.hidden_size)
     check.require(not settings["intermediate_pairs"] or hidden == args.hidden_size,
                   f"--export-kd-cfg: intermediate_layer_pairs compare hidden states, and the teacher's hidden "

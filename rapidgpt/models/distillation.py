@@ -29,12 +29,13 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from rapidgpt.config.distillation import parse_layer
 from rapidgpt.config.transformer import TransformerConfig
 from rapidgpt.errors import UserError
 from rapidgpt.models.gpt import GPTModel
 from rapidgpt.parallel import comm
 from rapidgpt.parallel.cross_entropy import _MASKED
-from rapidgpt.parallel.mappings import ReduceFromTensorParallelRegion
+from rapidgpt.parallel.mappings import GatherFromSequenceParallelRegion, ReduceFromTensorParallelRegion
 from rapidgpt.parallel.state import (get_tensor_model_parallel_group, get_tensor_model_parallel_rank,
                                      get_tensor_model_parallel_world_size)
 
@@ -108,8 +109,17 @@ class DistillationModel(nn.Cell):
         self.config = config
         self.vocab_size, self.padded_vocab_size = student.vocab_size, student.padded_vocab_size
         self.logits_kl = LogitsKLLoss(student.vocab_size, student.padded_vocab_size, config.logit_kl_temperature)
-        self.intermediate_losses = tuple(INTERMEDIATE_LOSSES[loss] for _, _, loss in config.intermediate_pairs)
         self.skip_lm_loss = config.skip_lm_loss
+        # Each pair's two hidden states: (kind, layer, where among the kept layer inputs) per side.
+        sides = [[parse_layer(name) for name in pair[:2]] for pair in config.intermediate_pairs]
+        self.student_keep, self.teacher_keep = (tuple(sorted({_position(pair[side]) for pair in sides} - {None}))
+                                                for side in (0, 1))
+        self.pairs = tuple((*_located(s, self.student_keep), *_located(t, self.teacher_keep), loss)
+                           for (s, t), (_, _, loss) in zip(sides, config.intermediate_pairs))
+        self.sequence_parallel = student.sequence_parallel
+        if self.sequence_parallel:       # a layer's state is this rank's part of the sequence: gathered
+            self.gathers = nn.CellList([GatherFromSequenceParallelRegion(reduce_grad=False)
+                                        for _ in range(2 * len(self.pairs))])
 
     def set_train(self, mode=True):
         super().set_train(mode)
@@ -118,8 +128,8 @@ class DistillationModel(nn.Cell):
 
     def construct(self, tokens, position_ids=None, attention_mask=None, labels=None):
         """Per-token `[b, s]`: (the student's cross-entropy, the logits KL, (each pair's loss, ...))."""
-        student_x = self.student.hidden_states(tokens, position_ids, attention_mask)         # [b, s, h]
-        teacher_x = ops.stop_gradient(self.teacher.hidden_states(tokens, position_ids, attention_mask))
+        student_x, student_states = self._run(self.student, self.student_keep, tokens, position_ids, attention_mask)
+        teacher_x, teacher_states = self._run(self.teacher, self.teacher_keep, tokens, position_ids, attention_mask)
         student_logits = self.student.head.parallel_logits(student_x, self.student.output_weight())
         teacher_logits = ops.stop_gradient(self.teacher.head.parallel_logits(teacher_x, self.teacher.output_weight()))
         if self.training and self.skip_lm_loss:
@@ -127,9 +137,29 @@ class DistillationModel(nn.Cell):
         else:
             lm = self.student.head.loss(student_logits, labels)
         kl = self.logits_kl(student_logits, teacher_logits).reshape(labels.shape)
-        student_x, teacher_x = student_x.astype(ms.float32), teacher_x.astype(ms.float32)
-        intermediate = tuple(loss(student_x, teacher_x) for loss in self.intermediate_losses)
+        intermediate = ()
+        for i in range(len(self.pairs)):
+            s_kind, s_layer, s_kept, t_kind, t_layer, t_kept, loss = self.pairs[i]
+            student_h = self._compared(self.student, student_x, student_states, s_kind, s_layer, s_kept, 2 * i)
+            teacher_h = self._compared(self.teacher, teacher_x, teacher_states, t_kind, t_layer, t_kept, 2 * i + 1)
+            intermediate = intermediate + (INTERMEDIATE_LOSSES[loss](student_h.astype(ms.float32),
+                                                                     ops.stop_gradient(teacher_h).astype(ms.float32)),)
         return lm, kl, intermediate
+
+    def _run(self, model, keep, tokens, position_ids, attention_mask):
+        """`model`'s final hidden states `[b, s, h]` and the states entering its layers at `keep`."""
+        if keep:
+            return model.hidden_states(tokens, position_ids, attention_mask, keep)
+        return model.hidden_states(tokens, position_ids, attention_mask), ()
+
+    def _compared(self, model, final, states, kind, layer, kept, gather):
+        """The hidden state `[b, s, h]` a pair compares on one side (`gather`: its gather's number)."""
+        if kind == "final_layernorm":
+            return final
+        x = states[kept]
+        if kind == "input_layernorm":           # on this rank's part: the norm's gradients are summed over TP
+            x = model.layers.cell_list[layer].input_layernorm(x)
+        return self.gathers[gather](x) if self.sequence_parallel else x
 
     def load_teacher(self, logger=None):
         """The teacher's weights from --export-kd-teacher-load; every parameter must be there."""
@@ -141,6 +171,18 @@ class DistillationModel(nn.Cell):
                             f"{len(report.initialised)} of its parameters (e.g. {report.initialised[0]}); it was saved "
                             f"from another architecture: give the teacher's model flags in "
                             f"--export-kd-teacher-model-config")
+
+
+def _position(spec):
+    """Where among the layers a pair's state is kept: layer N's input (its input norm's), N + 1 (its
+    output); None for the final norm's output."""
+    kind, layer = spec
+    return None if kind == "final_layernorm" else layer + (kind == "output")
+
+
+def _located(spec, keep):
+    position = _position(spec)
+    return (*spec, None if position is None else keep.index(position))
 
 
 def build_distillation_model(args, student):

@@ -114,10 +114,12 @@ class GPTModel(LanguageModelStage):
         layer = self.output_layer if self.untied else self.word_embeddings
         return layer.whole_weights()[0]
 
-    def hidden_states(self, tokens, position_ids=None, attention_mask=None):
+    def hidden_states(self, tokens, position_ids=None, attention_mask=None, keep=()):
         """This stage's output `[b, s, h]`: after the final norm on the last stage (for heads
         such as classification), the last layer's output on the others (with sequence
-        parallelism `[b, s / tp, h]`, this rank's part, which the next stage continues from)."""
+        parallelism `[b, s / tp, h]`, this rank's part, which the next stage continues from).
+        With `keep` (layer positions, see TransformerLayers), `(output, the states entering them)`
+        (under sequence parallelism this rank's parts, `[b, s / tp, h]`)."""
         if position_ids is None and (self.rotary is not None or (self.pre_process and self.learned_positions)):
             position_ids = graph_arange(0, tokens.shape[1])           # [s], same for each row (ops.arange
             # runs interpreted Python inside a graph, which MindSpore then warns about)
@@ -128,11 +130,12 @@ class GPTModel(LanguageModelStage):
             x = self.embedding_dropout(x)
         else:
             x = self.input_tensor
-        x = self.layers(x, attention_mask, None if self.rotary is None else self.rotary(position_ids))
-        if not self.post_process:
-            return x
-        x = self.final_layernorm(x)
-        return self.gather_sequence(x) if self.sequence_parallel else x
+        x = self.layers(x, attention_mask, None if self.rotary is None else self.rotary(position_ids), keep)
+        x, kept = x if keep else (x, ())
+        if self.post_process:
+            x = self.final_layernorm(x)
+            x = self.gather_sequence(x) if self.sequence_parallel else x
+        return (x, kept) if keep else x
 
     def embed(self, tokens, position_ids):
         """`[b, s]` -> `[b, s, h]`: the word embeddings, plus the learned positions' when there are

@@ -180,8 +180,16 @@ class TransformerLayers(nn.SequentialCell):
     activation recompute works as in the non-pipelined step (rapidgpt/training/model_transforms.py).
     """
 
-    def construct(self, x, attention_mask=None, rotary=None):
-        for layer in self.cell_list:
+    def construct(self, x, attention_mask=None, rotary=None, keep=()):
+        """With `keep` (positions among these layers, a constant), also the hidden states entering
+        the layers at those positions (position len(layers): the last one's output), in `keep`'s
+        order: `(x, (state, ...))`."""
+        kept = ()
+        for i, layer in enumerate(self.cell_list):
+            if i in keep:
+                kept = kept + (x,)
             x = layer(x, attention_mask, rotary)
+        if keep:
+            return x, kept + ((x,) if len(self.cell_list) in keep else ())
         return x
 

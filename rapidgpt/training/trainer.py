@@ -390,7 +390,8 @@ class Trainer:
             return PipelineTrainStep(forward, model, optimizer, n, self.activation_shape(), in_fp32, jit=args.jit,
                                      per_token=args.calculate_per_token_loss, virtual_size=split.virtual_size,
                                      group_size=split.microbatch_group_size)
-        cache = (StepGraphCache(args, optimizer.parameters, get_parallel_state().rank)
+        frozen = [p.name for p in model.get_parameters() if not p.requires_grad]
+        cache = (StepGraphCache(args, optimizer.parameters, get_parallel_state().rank, frozen)
                  if first and args.compile_cache_config.enabled else None)
         return TrainStep(forward, optimizer, n, in_fp32, jit=args.jit, compile_cache=cache,
                          barrier=barrier if args.world_size > 1 else None, per_token=args.calculate_per_token_loss)

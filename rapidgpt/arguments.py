@@ -371,6 +371,9 @@ def parse_args(extra_args_provider=None, argv=None, launcher=False, user_script=
     try:
         _resolve_pretrained_model(args, check)
         given = given_flags(parser, argv)
+        check.require(args.step_batch_size_schedule is None or "global_batch_size" not in given,
+                      "--global-batch-size: not with --step-batch-size-schedule, whose entries are the global "
+                      "batch sizes (Megatron refuses the pair too)")
         if args.load or args.pretrained_checkpoint:
             apply_checkpoint_args(args, given, check)
         check.require(args.task != "pretraining" or args.data_path or args.train_data_path or args.mock_data

@@ -151,3 +151,103 @@ def test_iterations_to_skip_consume_their_ramped_batch_without_a_step(capsys):
     assert " > iteration 8 skipped (--iterations-to-skip): its 8 samples consumed without a step" in out
     logged = {int(i): float(lr) for i, lr in re.findall(r" iteration\s+(\d+)/.*?\| learning rate: ([\d.E+-]+) \|", out)}
     assert logged == pytest.approx({i: 1e-3 * (1 - stepped_after[i] / 160) for i in lines}, rel=1e-5)
+
+
+# BASE without --global-batch-size, which a step schedule replaces.
+NO_GBS = BASE[:BASE.index("--global-batch-size")] + BASE[BASE.index("--global-batch-size") + 2:]
+
+
+class MegatronStepSchedule:
+    """megatron/core/num_microbatches_calculator.py StepBatchsizeNumMicroBatchesCalculator (its
+    _parse_numeric_value, _parse_schedule and _get_batch_size_for_samples, with the seq_length Megatron
+    passes) and megatron/training/training.py update_train_iters' branch for it, at d98e8a6."""
+
+    def __init__(self, schedule, seq_length):
+        self.schedule = []
+        for entry in schedule.strip().replace(',', ' ').split():
+            threshold_str, batch_size_str = entry.split(':', 1)
+            self.schedule.append((self.parse(threshold_str) // seq_length, self.parse(batch_size_str)))
+        self.schedule.sort(key=lambda x: x[0])
+
+    @staticmethod
+    def parse(value_str):
+        value_str = value_str.strip().upper()
+        multiplier = 1
+        for suffix, scale in (('T', 1_000_000_000_000), ('B', 1_000_000_000), ('M', 1_000_000), ('K', 1_000)):
+            if value_str.endswith(suffix):
+                multiplier, value_str = scale, value_str[:-1]
+                break
+        return int(float(value_str) * multiplier)
+
+    def update(self, consumed_samples):
+        batch_size = self.schedule[0][1]
+        for threshold, bs in self.schedule:
+            if consumed_samples >= threshold:
+                batch_size = bs
+            else:
+                break
+        return batch_size
+
+    def train_iters(self, train_samples):
+        iterations, consumed_samples = 0, 0
+        while consumed_samples < train_samples:
+            consumed_samples += self.update(consumed_samples)
+            iterations += 1
+        return iterations
+
+
+@pytest.mark.parametrize("schedule, seq_length, train_samples",
+                         [("0:384 200B:768 400B:1152", 4096, 200_000_000), ("0:768 250B:1536 500B:3072 750B:6144", 8192,
+                                                                            190_000_000),
+                          ("0:4, 256:8 1K:16", 16, 300), ("0:8 6K:16", 1, 20000)],
+                         ids=["15b-release", "megatron-example", "tiny", "samples"])
+def test_the_step_schedule_is_megatrons(schedule, seq_length, train_samples):
+    """Batch sizes at every consumed count a run passes through, and the iterations of --train-samples
+    (the first row is Megatron's gpt3_15b_8t_release schedule)."""
+    from rapidgpt.config.batch_size_rampup import StepBatchSizeSchedule, parse_step_schedule
+    megatron = MegatronStepSchedule(schedule, seq_length)
+    ours = StepBatchSizeSchedule(parse_step_schedule(schedule, seq_length), per_micro_batch=4, text=schedule)
+    iterations, consumed = ours.train_iters(train_samples)
+    assert iterations == megatron.train_iters(train_samples)
+    at = 0
+    for _ in range(min(iterations, 5000)):
+        assert ours.batch_size_at(at) == megatron.update(at), at
+        at += megatron.update(at)
+    for threshold, _ in megatron.schedule:      # either side of each step
+        for near in (threshold - 1, threshold, threshold + 1):
+            assert ours.batch_size_at(max(near, 0)) == megatron.update(max(near, 0))
+    assert consumed == ours.consumed_after(iterations) >= train_samples
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--step-batch-size-schedule", "16:4 256:8"], "the first threshold must be 0, got 16 tokens"),
+    (["--step-batch-size-schedule", "0:4 8:8"], "thresholds must increase strictly"),
+    (["--step-batch-size-schedule", "0:4 256:6"], "batch size 6 is not a positive multiple of --micro-batch-size 4"),
+    (["--step-batch-size-schedule", "0:4 256"], "entry '256' is not THRESHOLD:BATCH_SIZE"),
+    (["--step-batch-size-schedule", "0:4", "--global-batch-size", "8"],
+     "--global-batch-size: not with --step-batch-size-schedule"),
+], ids=["first", "increasing", "multiple", "entry", "global-batch-size"])
+def test_a_step_schedule_that_cannot_run_is_one_line(capsys, flags, message):
+    argv = NO_GBS + ["--train-samples", "160", *flags]
+    with pytest.raises(SystemExit):
+        parse_args(argv=argv)
+    errors = capsys.readouterr().err.strip().split("\n")
+    assert len(errors) == 2 and message in errors[0], errors
+
+
+@pytest.mark.usefixtures("demo_cache")
+def test_a_run_follows_the_step_schedule(capsys):
+    """--step-batch-size-schedule "0:4 256:8 1K:16" at 16 tokens a sample (steps at samples 16 and 64),
+    micro-batches of 4, --train-samples 120: Megatron's iterations, each logging the port's batch size."""
+    assert pretrain_main(NO_GBS + ["--train-samples", "120", "--step-batch-size-schedule", "0:4 256:8 1K:16"]) == 0
+    out = capsys.readouterr().out
+    lines = {int(m.group(1)): m.groups()[1:4] for m in LINE.finditer(out)}
+    megatron, consumed, expected = MegatronStepSchedule("0:4 256:8 1K:16", 16), 0, {}
+    iterations = megatron.train_iters(120)
+    for i in range(1, iterations + 1):
+        size = megatron.update(consumed)
+        consumed += size
+        expected[i] = (str(iterations), str(consumed), str(size))
+    assert lines == expected and [v[2] for v in expected.values()] == ["4"] * 4 + ["8"] * 6 + ["16"] * 4
+    assert "setting initial batch size to 4 (step batch-size schedule '0:4 256:8 1K:16'" in out
+    assert "ramping up batch size from 8 to 16" in out

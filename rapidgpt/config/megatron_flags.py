@@ -246,8 +246,8 @@ REFUSED = [
     ("freezing all layers is not built", ("--freeze-all-layers",), ()),
     ("an old Megatron spelling: use --micro-batch-size, --lr-warmup-iters or --tensor-model-parallel-size",
      ("--batch-size", "--warmup", "--model-parallel-size"), ()),
-    ("batch-size schedules other than --rampup-batch-size are not built",
-     ("--step-batch-size-schedule", "--decrease-batch-size-if-needed", "--phase-transition-iterations"), ()),
+    ("this batch-size option is not built (--rampup-batch-size and --step-batch-size-schedule are)",
+     ("--decrease-batch-size-if-needed", "--phase-transition-iterations"), ()),
     ("Megatron's GPU health checks are not built (--test-mode and "
      "--check-weight-hash-across-dp-replicas-interval compare the ranks' copies of the weights)",
      ("--gpu-sniff-test-interval",), ()),

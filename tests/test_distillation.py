@@ -187,6 +187,7 @@ KD_VALUES = re.compile(r"(lm loss|total loss|logits distillation loss|intermedia
                        r"(?: value)?: ([\d.E+-]+)")
 
 
+@pytest.mark.ranks
 def test_megatrons_distillation_functional_test_at_tp2_prints_the_single_process_run(env, tmp_path):
     """A 3-layer teacher trained and saved; the functional test's 2-layer student (RMSNorm, SwiGLU,
     half-rotary RoPE, an untied output layer, dropout) distilled from it with its DISTILL_CONFIG

@@ -27,6 +27,7 @@ setup(
         "tokenizers",       # --tokenizer-type HuggingFaceTokenizer reads tokenizer.json with it (and the tests
                             # check our GPT-2 byte-level BPE against it)
         "pyyaml",           # Megatron's distillation settings and teacher model config (--export-kd-*) are YAML
+        "jinja2",           # --sft renders the model's chat template as transformers' apply_chat_template does
     ],
     extras_require={
         # torch: the Megatron-LM checkpoint tests (the CPU build 2.13.0 lies on the CI machines' disk).

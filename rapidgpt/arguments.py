@@ -26,6 +26,7 @@ from rapidgpt.config.implementation_choices import (add_implementation_choice_ar
 from rapidgpt.config.kernel_fusion import add_kernel_fusion_args, check_kernel_fusion_args
 from rapidgpt.config.megatron_flags import add_megatron_flags, check_megatron_flags
 from rapidgpt.config.distillation import add_distillation_args, check_distillation_args
+from rapidgpt.config.sft import add_sft_args, check_sft_args
 from rapidgpt.config.mla import add_mla_args, check_mla_args
 from rapidgpt.config.mup import add_mup_args, check_mup_args
 from rapidgpt.config.rerun import add_rerun_args, check_rerun_args
@@ -45,7 +46,7 @@ from rapidgpt.tokenizer import (MODEL_TOKENIZER_TYPES, TOKENIZER_MODEL_HELP, TOK
 from rapidgpt.tokenizer.null_tokenizer import EOD_HELP as NULL_EOD_HELP
 from rapidgpt.tokenizer.tiktoken_tokenizer import add_tiktoken_args, flag_problems as tiktoken_flag_problems
 
-TASKS = ("pretraining", "text_generation", "sequence_classification")
+TASKS = ("pretraining", "sft", "text_generation", "sequence_classification")
 DEVICES = ("cpu", "gpu", "ascend")
 
 
@@ -345,7 +346,7 @@ def build_parser(extra_args_provider=None, megatron_flags=True):
                 add_zero_args, add_replica_check_args, add_kernel_fusion_args, add_compile_cache_args,
                 add_implementation_choice_args,
                 _launcher_args, _rapidformer_args, add_pipeline_split_args, add_wandb_args, add_fim_args, add_mup_args,
-                add_mla_args, add_wsd_args, add_rerun_args, add_distillation_args):
+                add_mla_args, add_wsd_args, add_rerun_args, add_distillation_args, add_sft_args):
         add(parser)
     if extra_args_provider is not None:
         extra_args_provider(parser)
@@ -479,6 +480,7 @@ def validate_args(args, world_size=1, check=None):
     check_interleaved_batch(args, check)
     check_bert_args(args, check)
     check_fim_args(args, check)
+    check_sft_args(args, check)
     check_mup_args(args, check)
     check_mla_args(args, check)
     check_distillation_args(args, check)    # after the model's: the teacher's flags are compared with them
@@ -705,8 +707,8 @@ def _check_data(args, check, world_size):
         value = getattr(args, name)
         if not value:
             continue
-        if args.task == "sequence_classification":       # files, read one after the other (as Megatron's
-            paths = value.split() if isinstance(value, str) else list(value)      # --valid-data of GLUE tasks)
+        if args.task in ("sequence_classification", "sft") or args.sft:   # files, read one after the other
+            paths = value.split() if isinstance(value, str) else list(value)     # (as Megatron's --valid-data)
         else:
             try:
                 paths = parse_data_path(value, _flag(name))[0]
@@ -782,9 +784,9 @@ def _check_task(args, check, world_size):
     check.require(not (args.calculate_per_token_loss and args.task == "sequence_classification"),
                   "--calculate-per-token-loss: --task sequence_classification's loss is a mean over samples, "
                   "not tokens; drop the flag")
-    if args.task == "pretraining":
+    if args.task in ("pretraining", "sft"):
         check.require(args.train_iters,
-                      "--train-iters: --task pretraining needs the training length; give --train-iters "
+                      f"--train-iters: --task {args.task} needs the training length; give --train-iters "
                       "(or --train-samples)")
         check.require(not (args.data_path or args.train_data_path) or args.tokenizer_type or args.vocab_size
                       or args.vocab_file,        # a vocab.json without merges: named by _infer_tokenizer_type

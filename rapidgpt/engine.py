@@ -26,7 +26,8 @@ from rapidgpt.parallel.layers import check_tensor_parallel_model
 from rapidgpt.parallel.random import initialize_parameters
 from rapidgpt.parallel.state import ParallelState, initialize_parallel_state
 from rapidgpt.tokenizer import build_tokenizer
-from rapidgpt.training.checkpoint_files import TOKENIZER_FILE_ARGS, remember_tokenizer_files
+from rapidgpt.tokenizer import TOKENIZER_FILE_ARGS
+from rapidgpt.training.checkpoint_files import remember_tokenizer_files
 from rapidgpt.training.compose import ComposedOptimizer
 from rapidgpt.training.model_transforms import prepare_model
 

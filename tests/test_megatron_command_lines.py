@@ -183,16 +183,16 @@ def test_several_valid_data_files_are_read_in_order(tmp_path):
 
 def test_task_with_a_user_script_is_the_scripts(tmp_path):
     """Rapidformer's EasyNLP scripts pass --task with --user-script: the script gets it as args.task.
-    A flag of the script's own that Megatron also has (--sft here) is the script's."""
+    A flag of the script's own that Megatron also has (--exit-on-missing-checkpoint here) is the script's."""
     script = tmp_path / "my_trainer.py"
     script.write_text("from rapidgpt.arguments import parse_args\n"
-                      "args = parse_args(lambda parser: parser.add_argument('--sft', action='store_true'))\n"
-                      "print('task:', args.task, 'sft:', args.sft)\n")
+                      "args = parse_args(lambda parser: parser.add_argument('--exit-on-missing-checkpoint', action='store_true'))\n"
+                      "print('task:', args.task, 'exit:', args.exit_on_missing_checkpoint)\n")
     out = subprocess.run([sys.executable, "-m", "rapidgpt.cli", "--user-script", str(script), "--task",
-                          "text_classify", "--train-iters", "1", "--sft"], cwd=REPO, capture_output=True, text=True,
+                          "text_classify", "--train-iters", "1", "--exit-on-missing-checkpoint"], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("task: text_classify sft: True")
+    assert out.stdout.strip().endswith("task: text_classify exit: True")
 
 
 def test_a_task_that_is_not_one_is_named(capsys):

@@ -25,6 +25,7 @@ from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
 from rapidgpt.data.fim import fim_config
 from rapidgpt.data.gpt_dataset import GPTDatasetConfig
 from rapidgpt.data.mock_dataset import MockCorpus
+from rapidgpt.data.sft_dataset import build_sft_datasets
 from rapidgpt.models import build_distillation_model, build_gpt_model, distillation_loss
 
 
@@ -72,7 +73,7 @@ class MegatronGPTPretrainer(Pretrainer):
 
     def train_valid_test_datasets_provider(self, train_val_test_num_samples):
         """Megatron's GPT datasets from --data-path (cut by --split) or --train/valid/test-data-path,
-        or Megatron's mock documents with --mock-data.
+        or Megatron's mock documents with --mock-data; with --sft, conversations (.jsonl files).
 
         `train_val_test_num_samples` says how many samples each split must yield (train iters x
         global batch, and so on for the evaluations); a split smaller than that wraps around in
@@ -82,6 +83,8 @@ class MegatronGPTPretrainer(Pretrainer):
         """
         args = self.args
         tokenizer = get_tokenizer()
+        if args.sft:     # Megatron's --sft: .jsonl conversations, the loss on the answers, packed
+            return build_sft_datasets(args, tokenizer, train_val_test_num_samples, self.logger)
         config = GPTDatasetConfig(
             seq_length=args.seq_length,
             seed=args.seed,

@@ -280,8 +280,7 @@ REFUSED = [
     ("this tokenizer option is not built (--tokenizer-type with --vocab-file/--merge-file or --tokenizer-model)",
      ("--tokenizer-metadata", "--tokenizer-sentencepiece-legacy",
       "--no-tokenizer-sentencepiece-ignore-extra-whitespaces", "--tokenizer-hf-*", "--trust-remote-code",
-      "--null-tokenizer-*", "--use-gigatoken", "--chat-template"), ()),
-    ("instruction finetuning (--sft) is not built yet", ("--sft", "--sft-tokenizer-prompt-format"), ("sft",)),
+      "--null-tokenizer-*", "--use-gigatoken"), ()),
     ("this logging option is not built (the iteration line, --log-throughput, --timing-log-level and "
      "--tensorboard-dir)",
      ("--log-progress", "--no-log-loss-scale-to-tensorboard",

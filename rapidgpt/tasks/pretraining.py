@@ -17,6 +17,7 @@ from rapidgpt.data.demo_corpus import demo_corpus
 from rapidgpt.data.fim import fim_config
 from rapidgpt.data.gpt_dataset import GPTDatasetConfig
 from rapidgpt.data.mock_dataset import MockCorpus
+from rapidgpt.data.sft_dataset import build_sft_datasets
 from rapidgpt.engine import RapidGPTEngine
 from rapidgpt.errors import UserError
 from rapidgpt.global_vars import get_tokenizer
@@ -63,6 +64,8 @@ class GPTPretrainer(Pretrainer):
 
     def train_valid_test_datasets_provider(self, train_val_test_num_samples):
         args = self.args
+        if args.sft:            # .jsonl conversations, loss on the answers (rapidgpt/data/sft_dataset.py)
+            return build_sft_datasets(args, get_tokenizer(), train_val_test_num_samples, self.logger)
         return build_train_valid_test_datasets(
             gpt_dataset_config(args), train_val_test_num_samples, data_path=args.data_path,
             split=args.split, train_data_path=args.train_data_path,

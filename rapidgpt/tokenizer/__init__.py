@@ -2,11 +2,12 @@
 (TOKENIZER_TYPES: the --tokenizer-type choices of training and preprocessing), and the embedding
 rows a vocabulary is padded to."""
 import math
+import os
 
 from rapidgpt.tokenizer.bert_wordpiece import BertWordPieceTokenizer
 from rapidgpt.tokenizer.bpe_trainer import save_gpt2_format, train_byte_level_bpe
 from rapidgpt.tokenizer.gpt2_bpe import GPT2BPETokenizer
-from rapidgpt.tokenizer.hf_tokenizer import HuggingFaceTokenizer, folder_problem
+from rapidgpt.tokenizer.hf_tokenizer import FOLDER_FILES, HuggingFaceTokenizer, folder_problem
 from rapidgpt.tokenizer.null_tokenizer import NullTokenizer
 from rapidgpt.tokenizer.sentencepiece_tokenizer import SENTENCEPIECE_TYPES, SentencePieceTokenizer, model_file_problem
 from rapidgpt.tokenizer.tiktoken_tokenizer import TikTokenizer, vocabulary_problem
@@ -22,11 +23,27 @@ TOKENIZER_MODELS = {"HuggingFaceTokenizer": "folder holding tokenizer.json",
                     **{kind: "SentencePiece model file" for kind in SENTENCEPIECE_TYPES},
                     "TikTokenizer": "tiktoken vocabulary .json"}
 MODEL_TOKENIZER_TYPES = tuple(TOKENIZER_MODELS)
+# Tokenizer flags naming files (a Hugging Face tokenizer: a folder, of which its FOLDER_FILES are kept).
+TOKENIZER_FILE_ARGS = ("vocab_file", "merge_file", "tokenizer_model")
 TOKENIZER_MODEL_HELP = ("--tokenizer-type HuggingFaceTokenizer: a Hugging Face tokenizer folder (tokenizer.json, "
                         "tokenizer_config.json), as saved by save_pretrained, read with the `tokenizers` library; "
                         "GPTSentencePieceTokenizer / Llama2Tokenizer: a SentencePiece model file (tokenizer.model), "
                         "read with the optional `sentencepiece` library; TikTokenizer: a tiktoken vocabulary "
                         ".json (a list of rank, token_bytes, token_str), read with the optional `tiktoken` library")
+
+
+def tokenizer_files(path):
+    """The files a tokenizer flag's value stands for: the file, or a tokenizer folder's files."""
+    if not path:
+        return []
+    if os.path.isdir(path):
+        return [os.path.join(path, name) for name in FOLDER_FILES if os.path.isfile(os.path.join(path, name))]
+    return [path]
+
+
+def run_tokenizer_files(args):
+    """Every file the run's tokenizer flags (TOKENIZER_FILE_ARGS) name."""
+    return [path for key in TOKENIZER_FILE_ARGS for path in tokenizer_files(getattr(args, key, None))]
 
 
 def inferred_tokenizer_type(vocab_file, merge_file):

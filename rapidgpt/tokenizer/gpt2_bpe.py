@@ -158,6 +158,18 @@ class GPT2BPETokenizer:
         """The ids of `text` with no special token added: `tokenize`."""
         return self.tokenize(text)
 
+    def ids_and_offsets(self, text):
+        """`text_to_ids(text)` and each token's (start, end) character span in `text` (a token
+        holding part of a character's UTF-8 bytes spans that whole character)."""
+        ids = self.tokenize(text)
+        char_of_byte = [i for i, c in enumerate(text) for _ in c.encode("utf-8")] + [len(text)]
+        offsets, byte = [], 0
+        for i in ids:
+            end = byte + len(self._id_bytes[i])
+            offsets.append((char_of_byte[byte], char_of_byte[end - 1] + 1))
+            byte = end
+        return ids, offsets
+
     def tokenize(self, text):
         """Return the token ids of `text`: pre-tokenize, then per-word BPE (cached)."""
         ids = []

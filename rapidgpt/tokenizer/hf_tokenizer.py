@@ -17,7 +17,7 @@ from rapidgpt.errors import UserError
 
 TOKENIZER_JSON = "tokenizer.json"
 # The files of a folder that make the tokenizer (what checkpoints carry of it).
-FOLDER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json")
+FOLDER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 class TokenizerError(UserError, ValueError):
@@ -87,3 +87,8 @@ class HuggingFaceTokenizer:
     def text_to_ids(self, text):
         """The ids of `text` with no special token added (no BOS from the folder's post-processor)."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def ids_and_offsets(self, text):
+        """`text_to_ids(text)` and each token's (start, end) character span in `text`."""
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets

@@ -30,7 +30,7 @@ import zlib
 
 from rapidgpt.config.transformer import ARCHITECTURE_FLAGS
 from rapidgpt.errors import UserError
-from rapidgpt.tokenizer.hf_tokenizer import FOLDER_FILES
+from rapidgpt.tokenizer import TOKENIZER_FILE_ARGS, tokenizer_files
 
 LATEST = "latest_checkpointed_iteration.txt"
 METADATA = "metadata.json"
@@ -44,8 +44,6 @@ ARCHITECTURE_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hi
                      "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by",
                      "untie_embeddings_and_output_weights", "layernorm_epsilon", "tokenizer_type",
                      "model_type") + ARCHITECTURE_FLAGS
-# Tokenizer flags naming files (a Hugging Face tokenizer: a folder, of which its FOLDER_FILES are kept).
-TOKENIZER_FILE_ARGS = ("vocab_file", "merge_file", "tokenizer_model")
 # The tokenizers' other settings (NullTokenizer's EOD; TikTokenizer's pattern and special tokens).
 TOKENIZER_SETTING_ARGS = ("null_tokenizer_eod_id", "tiktoken_pattern", "tiktoken_num_special_tokens", "special_tokens")
 MODEL_ARGS = ARCHITECTURE_ARGS + ("seq_length", "bert_binary_head") + TOKENIZER_SETTING_ARGS + TOKENIZER_FILE_ARGS
@@ -120,19 +118,10 @@ def remember_tokenizer_files(model_config):
     embeds these bytes, even after their source is gone (e.g. the checkpoint a run resumed from,
     pruned by --keep-last-n-checkpoints). The engine calls it at start-up."""
     for key in TOKENIZER_FILE_ARGS:
-        for path in _tokenizer_files(model_config.get(key)):
+        for path in tokenizer_files(model_config.get(key)):
             if os.path.abspath(path) not in _TOKENIZER_BYTES:
                 with open(path, "rb") as f:
                     _TOKENIZER_BYTES[os.path.abspath(path)] = f.read()
-
-
-def _tokenizer_files(path):
-    """The files a tokenizer flag's value stands for: the file, or a tokenizer folder's files."""
-    if not path:
-        return []
-    if os.path.isdir(path):
-        return [os.path.join(path, name) for name in FOLDER_FILES if os.path.isfile(os.path.join(path, name))]
-    return [path]
 
 
 def embed_tokenizer_files(folder, model_config):
@@ -147,7 +136,7 @@ def embed_tokenizer_files(folder, model_config):
         if os.path.isdir(source):
             name = "tokenizer"
             os.makedirs(os.path.join(folder, name), exist_ok=True)
-            targets = [(path, os.path.join(name, os.path.basename(path))) for path in _tokenizer_files(source)]
+            targets = [(path, os.path.join(name, os.path.basename(path))) for path in tokenizer_files(source)]
         else:
             name = os.path.basename(source)
             if key == "merge_file" and name == os.path.basename(config.get("vocab_file") or ""):

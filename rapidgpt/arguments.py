@@ -378,7 +378,7 @@ def parse_args(extra_args_provider=None, argv=None, launcher=False, user_script=
         if args.load or args.pretrained_checkpoint:
             apply_checkpoint_args(args, given, check)
         check.require(args.task != "pretraining" or args.data_path or args.train_data_path or args.mock_data
-                      or not given & {"tokenizer_type", "vocab_file", "merge_file"},
+                      or args.sft or not given & {"tokenizer_type", "vocab_file", "merge_file"},
                       "--tokenizer-type: without --data-path, --task pretraining trains on the embedded demo "
                       "corpus, which comes with its own tokenizer; give --data-path for your tokenizer's data, "
                       "or drop the tokenizer flags")

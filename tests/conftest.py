@@ -85,6 +85,12 @@ def llama_runs(env, tmp_path_factory, request):
     return _tiny_runs(env, tmp_path_factory, request, "LLAMA_RUNS")
 
 
+@pytest.fixture(scope="session")
+def sft_runs(env, tmp_path_factory, request):
+    """The instruction-finetuning TINY runs (tests/test_sft_runs.py's SFT_RUNS)."""
+    return _tiny_runs(env, tmp_path_factory, request, "SFT_RUNS")
+
+
 # The suite runs in two pytest-xdist workers (`make test`: -n 2 --dist loadgroup) on a 2-core
 # machine. Tests that start several processes (msrun jobs) run one after another in one worker, in
 # the group "ranks": two jobs at once would share the cores between up to 12 processes, and each
@@ -93,7 +99,7 @@ def llama_runs(env, tmp_path_factory, request):
 # second worker beside the jobs: one process each, about one core, the core a job leaves idle
 # (measured: a single-process module kept 0.92 cores busy, a module of 4-rank jobs 1.7 of 2).
 # Run without -n, the same tests run in one process, the jobs first.
-MULTI_PROCESS_FIXTURES = {"runs", "llama_runs", "pipeline_runs", "bert_runs", "mlp_runs", "job"}
+MULTI_PROCESS_FIXTURES = {"runs", "llama_runs", "sft_runs", "pipeline_runs", "bert_runs", "mlp_runs", "job"}
 
 
 def pytest_configure(config):

@@ -107,7 +107,10 @@ def write_lines(path, lines):
 
 
 BAD_LINES = [
-    ('{"messages": [{"role": "user", "content": "hi"}]}', "no assistant turn with content"),
+    ('{"messages": [{"role": "user", "content": "hi"}]}', "the line has no assistant turn with content"),
+    ('{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, {"role": "assistant", '
+     '"content": "a"}, {"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}',
+     "conversation 2 of the line \\(from its system turn\\) has no assistant turn"),
     ('{"messages": [{"role": "robot", "content": "hi"}]}', "turn 1: role 'robot' is not one of"),
     ('{"conversations": [{"from": "human", "value": 3}]}', "turn 1's 'value' must be a string"),
     ('{"instruction": "x"}', "'output' must be a string"),
@@ -135,6 +138,16 @@ def test_bad_lines_are_skipped_and_counted_on_request(tmp_path):
         [{"role": "user", "content": "a\n\nc"}, {"role": "assistant", "content": "b"}],
         [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}]]
     assert [p.split(": ")[0] for p in chat_file.skipped] == [f"{path}:{n}" for n in range(2, 2 + len(BAD_LINES))]
+
+
+def test_a_messages_line_holds_several_conversations_each_opened_by_its_system_turn(tmp_path):
+    """Megatron's SFT lines: [system, user, assistant, system, user, assistant] is two conversations."""
+    turns = [{"role": r, "content": c} for r, c in (("system", "s1"), ("user", "q1"), ("assistant", "a1"),
+                                                     ("system", "s2"), ("user", "q2"), ("assistant", "a2"))]
+    path = write_lines(tmp_path / "d.jsonl", [json.dumps({"messages": turns})])
+    conversations = read_conversations(path).conversations
+    assert [c.messages for c in conversations] == [turns[:3], turns[3:]]
+    assert [c.where for c in conversations] == [f"{path}:1"] * 2
 
 
 def encoded(tmp_path, config, lines=None):
@@ -242,3 +255,21 @@ def test_packed_rows_give_each_conversation_its_unpacked_per_token_losses(tmp_pa
     for c in range(8):
         assert len(packed_losses[c]) > 0
         np.testing.assert_allclose(packed_losses[c], alone_losses[c], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "sft", "--train-iters", "2"], "--tokenizer-type: --sft renders conversations with a tokenizer"),
+    (["--task", "sft", "--train-iters", "2", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+      os.path.join(FIXTURES, "hf_chat_qwen"), "--data-path", os.path.join(CHATS, "reference.json"), "x.txt"],
+     "--data-path x.txt: --sft reads conversations from .jsonl files"),
+    (["--task", "pretraining", "--train-iters", "2", "--sft-too-long", "refuse"],
+     "--sft-too-long: takes effect with --sft (or --task sft) only"),
+    (["--task", "pretraining", "--train-iters", "2", "--chat"], "--chat: chat generation is --task text_generation's"),
+    (["--task", "sft", "--train-iters", "2", "--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file",
+      os.path.join(CHATS, "alpaca.jsonl")], "--tokenizer-type BertWordPieceLowerCase: --sft finds the answer tokens"),
+])
+def test_sft_flags_are_checked_with_one_line_each(argv, message, capsys):
+    from rapidgpt.arguments import parse_args
+    with pytest.raises(SystemExit):
+        parse_args(argv=argv)
+    assert message in capsys.readouterr().err

@@ -3,13 +3,18 @@
 
     --sft                                   train on conversations (.jsonl, rapidgpt/data/chat_data.py)
                                             with the loss on the answers only (rapidgpt/data/sft_dataset.py);
-                                            `--task sft` is `--task pretraining --sft`
+                                            `--task sft` is `--task pretraining --sft`; without --data-path,
+                                            on the embedded demo conversations (rapidgpt/data/demo_chats.py)
     --sft-tokenizer-prompt-format NAME      a named template: chatml, llama3, Megatron's nemotron-h-aligned,
                                             nemotron-nano-v2, identity; "default" (and no flag) is the
                                             tokenizer folder's own chat_template. (Megatron's default is
                                             nemotron-h-aligned, the template of its Nemotron tokenizers; a
                                             Hugging Face folder's own template is the one its model knows.)
     --chat-template TEXT|FILE               a Jinja chat template (Megatron's flag), over both
+    --chat                                  --task text_generation (and the answer printed after --task sft
+                                            with --prompt): each prompt is a user turn, rendered with the
+                                            template and its generation prompt; generation stops at the
+                                            template's end-of-turn token
     --sft-bad-lines refuse|skip             a line that is not a conversation stops the run (default),
                                             or is left out and counted
     --sft-too-long truncate|refuse          a conversation longer than --seq-length is cut (default, as
@@ -38,6 +43,9 @@ def add_sft_args(parser):
                    help="a named chat template (default: the tokenizer folder's chat_template)")
     g.add_argument("--chat-template", default=None, metavar="TEXT|FILE",
                    help="a Jinja chat template, or a file holding one")
+    g.add_argument("--chat", action="store_true",
+                   help="text generation: the prompt is a user turn of the chat template, the answer ends at its "
+                        "end-of-turn token")
     g.add_argument("--sft-bad-lines", default="refuse", choices=BAD_LINE_CHOICES,
                    help="a .jsonl line that is not a conversation: stop the run (refuse) or leave it out (skip)")
     g.add_argument("--sft-too-long", default="truncate", choices=TOO_LONG_CHOICES,
@@ -47,11 +55,15 @@ def add_sft_args(parser):
 def check_sft_args(args, check):
     if args.task == "sft":
         args.sft = True
+    check.require(not args.chat or args.task in ("text_generation", "sft") or args.sft,
+                  "--chat: chat generation is --task text_generation's (or the answer to --prompt after --task sft)")
+    template_flags = (("--sft-tokenizer-prompt-format", None), ("--chat-template", None))
     if not args.sft:
-        for flag, default in (("--sft-tokenizer-prompt-format", None), ("--sft-bad-lines", "refuse"),
-                              ("--sft-too-long", "truncate")):
+        for flag, default in (template_flags if not args.chat else ()) + (("--sft-bad-lines", "refuse"),
+                                                                           ("--sft-too-long", "truncate")):
             check.require(getattr(args, flag[2:].replace("-", "_")) == default,
-                          f"{flag}: takes effect with --sft (or --task sft) only; add --sft or remove {flag}")
+                          f"{flag}: takes effect with --sft (or --task sft{', --chat' * (flag in dict(template_flags))}) "
+                          f"only; add --sft or remove {flag}")
         return
     check.require(getattr(args, "model_type", "gpt") != "bert", "--sft: instruction finetuning trains a GPT "
                                                                "(decoder); remove --model-type bert")
@@ -61,8 +73,9 @@ def check_sft_args(args, check):
     check.require(args.tokenizer_type is None or args.tokenizer_type in SFT_TOKENIZER_TYPES,
                   f"--tokenizer-type {args.tokenizer_type}: --sft finds the answer tokens through the tokenizer's "
                   f"token spans, which {', '.join(SFT_TOKENIZER_TYPES)} give; use one of them")
-    check.require(args.data_path or args.train_data_path,
-                  "--data-path: --sft trains on conversations; give --data-path FILE.jsonl (or --train-data-path)")
+    check.require(args.tokenizer_type, "--tokenizer-type: --sft renders conversations with a tokenizer; start "
+                                       "from a Hugging Face folder that holds one (--pretrained-model-name-or-path) "
+                                       "or give --tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR")
     for name in DATA_FLAGS:
         value = getattr(args, name)
         paths = value.split() if isinstance(value, str) else list(value or [])

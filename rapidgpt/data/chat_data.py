@@ -4,7 +4,9 @@ One JSON object per line, in any of the three common shapes (a file may mix them
 
     {"messages": [{"role": "system", "content": ...}, {"role": "user", ...}, {"role": "assistant", ...}]}
         OpenAI / Hugging Face chat messages (the system turn is optional; roles system, user,
-        assistant, tool; other keys of a message, e.g. `reasoning_content`, go to the template)
+        assistant, tool; other keys of a message, e.g. `reasoning_content`, go to the template).
+        A system turn after the first opens another conversation, as in Megatron's SFT data, whose
+        lines may hold several conversations, each starting with its system turn
     {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}]}
         ShareGPT (`from`: system; human/user; gpt/assistant/model; tool/function/observation)
     {"instruction": ..., "input": ..., "output": ..., "system": ...}
@@ -75,21 +77,29 @@ def _from_alpaca(row):
     return messages
 
 
-def parse_conversation(row):
-    """The messages of one decoded line (a dict); ValueError saying what is wrong."""
+def _split_at_system_turns(messages):
+    """Megatron's packed lines: a system turn after the first message starts another conversation."""
+    starts = [0] + [i for i, m in enumerate(messages) if i and m["role"] == "system"] + [len(messages)]
+    return [messages[a:b] for a, b in zip(starts, starts[1:])]
+
+
+def parse_conversations(row):
+    """The conversations (lists of messages) of one decoded line (a dict); ValueError saying what is wrong."""
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     if "messages" in row:
-        messages = _from_messages(row["messages"], "role", "content", {r: r for r in ROLES})
+        conversations = _split_at_system_turns(_from_messages(row["messages"], "role", "content", {r: r for r in ROLES}))
     elif "conversations" in row:
-        messages = _from_messages(row["conversations"], "from", "value", SHAREGPT_ROLES)
+        conversations = [_from_messages(row["conversations"], "from", "value", SHAREGPT_ROLES)]
     elif "instruction" in row:
-        messages = _from_alpaca(row)
+        conversations = [_from_alpaca(row)]
     else:
         raise ValueError("no 'messages', 'conversations' (ShareGPT) or 'instruction'/'output' (Alpaca) field")
-    if not any(m["role"] == "assistant" and m["content"] for m in messages):
-        raise ValueError("no assistant turn with content: nothing to learn from")
-    return messages
+    for n, messages in enumerate(conversations, 1):
+        if not any(m["role"] == "assistant" and m["content"] for m in messages):
+            which = f"conversation {n} of the line (from its system turn) has" if len(conversations) > 1 else "the line has"
+            raise ValueError(f"{which} no assistant turn with content: nothing to learn from")
+    return conversations
 
 
 def read_conversations(path, bad_lines="refuse", flag="--data-path"):
@@ -106,7 +116,7 @@ def read_conversations(path, bad_lines="refuse", flag="--data-path"):
                 line = raw.decode("utf-8")
                 if not line.strip():
                     continue
-                conversations.append(Conversation(parse_conversation(json.loads(line)), where))
+                conversations += [Conversation(messages, where) for messages in parse_conversations(json.loads(line))]
             except ValueError as e:       # (json's and UnicodeDecodeError are ValueErrors)
                 problem = f"{where}: {e}"
                 if bad_lines != "skip":

@@ -31,14 +31,15 @@ def generate(model, tokenizer, prompt, max_new_tokens, top_k=0, top_p=0.0, tempe
     """Continuation of `prompt` (text), at most `max_new_tokens` tokens."""
     window = model.config.max_position_embeddings
     ids = (tokenizer.tokenize(prompt) or [tokenizer.eod])[-(window - 1):]
-    new = generate_ids(model, ids, max_new_tokens, tokenizer.eod, top_k, top_p, temperature, seed, use_cache)
+    new = generate_ids(model, ids, max_new_tokens, [[tokenizer.eod]], top_k, top_p, temperature, seed, use_cache)
     return tokenizer.detokenize(new)
 
 
-def generate_ids(model, ids, max_new_tokens, eod=None, top_k=0, top_p=0.0, temperature=1.0, seed=0,
+def generate_ids(model, ids, max_new_tokens, stop=(), top_k=0, top_p=0.0, temperature=1.0, seed=0,
                  use_cache=True):
-    """The token ids continuing `ids` (a list of ints): at most `max_new_tokens`, fewer at `eod` (not
-    included) or at the model's last position."""
+    """The token ids continuing `ids` (a list of ints): at most `max_new_tokens`, fewer when they end
+    with one of the id sequences `stop` (e.g. [[eod]]; the sequence is not returned) or at the
+    model's last position."""
     rng = np.random.default_rng(seed)
     window = model.config.max_position_embeddings
     ids = list(ids)
@@ -55,11 +56,13 @@ def generate_ids(model, ids, max_new_tokens, eod=None, top_k=0, top_p=0.0, tempe
                 positions = np.arange(len(ids), dtype=np.int32)[None]
                 logits = model(Tensor(np.array(ids, np.int32)[None]), Tensor(positions))
             token = choose_token(logits.asnumpy()[0, -1], rng, top_k, top_p, temperature)
-            if token == eod:
-                break
             ids.append(token)
             new.append(token)
             pending = [token]
+            ended = next((seq for seq in stop if seq and new[-len(seq):] == list(seq)), None)
+            if ended is not None:
+                del new[-len(ended):]
+                break
     finally:
         model.set_train(was_training)
     return new

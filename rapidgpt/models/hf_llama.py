@@ -31,6 +31,7 @@ import numpy as np
 
 from rapidgpt.models.hf_files import (CONFIG, ConfigChecks, HFConversionError, check_tensor_shapes, read_hf_config,
                                       read_hf_weights)
+from rapidgpt.tokenizer.hf_tokenizer import folder_problem
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}
@@ -108,9 +109,13 @@ def flags_from_hf_config(config, where=CONFIG):
 
 
 def hf_folder_model_flags(hf_dir):
-    """The model flags a RapidGPT checkpoint records for the Llama-family folder `hf_dir`."""
+    """The model flags a RapidGPT checkpoint records for the Llama-family folder `hf_dir`: from its
+    config.json, and its tokenizer (--tokenizer-type HuggingFaceTokenizer) when it holds a tokenizer.json."""
     flags = flags_from_hf_config(*read_hf_config(hf_dir))
-    return {name: flags[name] for name in MODEL_FLAGS}
+    model = {name: flags[name] for name in MODEL_FLAGS}
+    if folder_problem(hf_dir) is None:
+        model.update(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=hf_dir)
+    return model
 
 
 def architecture_of(flags):

@@ -13,6 +13,7 @@ from functools import partial
 from rapidgpt.arguments import parse_args
 from rapidgpt.data.bert_dataset import BertDatasetConfig
 from rapidgpt.data.dataset_builder import build_train_valid_test_datasets
+from rapidgpt.data.demo_chats import demo_chats
 from rapidgpt.data.demo_corpus import demo_corpus
 from rapidgpt.data.fim import fim_config
 from rapidgpt.data.gpt_dataset import GPTDatasetConfig
@@ -23,8 +24,9 @@ from rapidgpt.errors import UserError
 from rapidgpt.global_vars import get_tokenizer
 from rapidgpt.models.bert import bert_loss_func, build_bert_model
 from rapidgpt.models.distillation import build_distillation_model, distillation_loss, student_of
-from rapidgpt.models.generation import generate
+from rapidgpt.models.generation import generate, generate_ids
 from rapidgpt.models.gpt import build_gpt_model, lm_loss_func
+from rapidgpt.tokenizer.chat_template import ChatTemplate
 from rapidgpt.training.pretrainer import Pretrainer, next_batch
 
 DEMO_PROMPT = "The assert statement"
@@ -112,6 +114,15 @@ class BertPretrainer(Pretrainer):
         return output, partial(bert_loss_func, batch["loss_mask"], batch["is_random"])
 
 
+def chat_answer(args, model, tokenizer, prompt):
+    """The model's answer to the user turn `prompt` (--chat, and after --sft), as text: the run's chat
+    template with its generation prompt, stopped at its end-of-turn token."""
+    template = ChatTemplate.of_run(args)
+    new = generate_ids(model, template.prompt_ids(tokenizer, prompt), args.max_new_tokens,
+                       template.stop_sequences(tokenizer), args.top_k, args.top_p, args.temperature, args.seed)
+    return tokenizer.detokenize(new)
+
+
 def use_demo_corpus(args):
     """No data flags: point the data and tokenizer flags at the embedded demo corpus."""
     paths = demo_corpus()
@@ -123,17 +134,19 @@ def use_demo_corpus(args):
 
 
 def before_launch(args):
-    """Once per node, before its ranks start: build the demo corpus they will read (rather than
-    every rank building it at the same moment)."""
+    """Once per node, before its ranks start: build the demo corpus (or conversations) they will read
+    (rather than every rank building it at the same moment)."""
     if not (args.data_path or args.train_data_path or args.mock_data):
-        demo_corpus()
+        demo_chats() if args.sft else demo_corpus()
 
 
 def main(argv=None, args=None):
     """Run the task on `argv` (default: the command line), or on the already parsed `args`."""
     args = args if args is not None else parse_args(argv=argv)
     bert = args.model_type == "bert"
-    if not (args.data_path or args.train_data_path or args.mock_data):     # (BERT: refused by check_bert_args)
+    if args.sft and not (args.data_path or args.train_data_path):
+        args.data_path = [demo_chats()]        # the embedded demo conversations (rapidgpt/data/demo_chats.py)
+    elif not (args.data_path or args.train_data_path or args.mock_data):     # (BERT: refused by check_bert_args)
         use_demo_corpus(args)
     engine = RapidGPTEngine(args=args)
     trainer = (BertPretrainer if bert else GPTPretrainer)(engine)
@@ -148,8 +161,12 @@ def main(argv=None, args=None):
         trainer.logger.info(" no sample continuation: --sequence-parallel splits the sequence over the TP "
                             "ranks (generate from the checkpoint with --task text_generation)")
     elif wants_sample:
-        text = generate(student_of(model), get_tokenizer(), args.prompt, args.max_new_tokens, top_k=args.top_k,
-                        top_p=args.top_p, temperature=args.temperature, seed=args.seed)
         how = f"top-k {args.top_k}, temperature {args.temperature}" if args.top_k else "greedy"
-        trainer.logger.info(f"\nprompt: {args.prompt!r}\ncontinuation ({how}): {text!r}")
+        if args.sft:
+            answer = chat_answer(args, student_of(model), get_tokenizer(), args.prompt)
+            trainer.logger.info(f"\nprompt: {args.prompt!r}\nanswer ({how}): {answer!r}")
+        else:
+            text = generate(student_of(model), get_tokenizer(), args.prompt, args.max_new_tokens, top_k=args.top_k,
+                            top_p=args.top_p, temperature=args.temperature, seed=args.seed)
+            trainer.logger.info(f"\nprompt: {args.prompt!r}\ncontinuation ({how}): {text!r}")
     return 0

@@ -7,9 +7,12 @@ family) on .jsonl conversations -- `--task pretraining --sft` (rapidgpt/config/s
 
 The conversations are read straight from the .jsonl files (no preprocessing step; the encoding is
 cached for the next run), rendered with the model's own chat template, packed, and trained with
-the loss on the assistant answers only; validation reports the loss on answers.
+the loss on the assistant answers only; validation reports the loss on answers. Without --data-path
+it trains on the embedded demo conversations (rapidgpt/data/demo_chats.py).
 """
 from rapidgpt.tasks import pretraining
+
+before_launch = pretraining.before_launch
 
 
 def main(argv=None, args=None):

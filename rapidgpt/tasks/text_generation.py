@@ -1,5 +1,9 @@
 """`rapidgpt --task text_generation --load DIR --prompt "..."` (or --prompts-file FILE).
 
+With --chat each prompt is a user turn: the chat template (the checkpoint's tokenizer folder's own,
+or --sft-tokenizer-prompt-format / --chat-template) renders it with its generation prompt, and the
+answer stops at the template's end-of-turn token.
+
 Builds the GPT the checkpoint describes (its metadata supplies the model and tokenizer flags),
 loads its weights, and prints a continuation of each prompt: greedy by default, sampling with
 --temperature / --top-k / --top-p, at most --max-new-tokens, stopping at end-of-document; the
@@ -12,7 +16,7 @@ from rapidgpt.global_vars import get_logger, get_tokenizer
 from rapidgpt.models.generation import generate
 from rapidgpt.models.gpt import build_gpt_model
 from rapidgpt.parallel.random import initialize_parameters
-from rapidgpt.tasks.pretraining import vocab_size
+from rapidgpt.tasks.pretraining import chat_answer, vocab_size
 from rapidgpt.training.checkpoint_files import CheckpointError, find_checkpoint
 from rapidgpt.training.checkpointing import load_checkpoint
 from rapidgpt.training.model_transforms import prepare_model
@@ -39,7 +43,10 @@ def main(argv=None, args=None):
     prepare_model(model, args.precision, args.recompute)        # --fp16: generate in fp16
     load_checkpoint(args, model, logger=get_logger())
     for prompt in read_prompts(args):
-        text = generate(model, tokenizer, prompt, args.max_new_tokens, args.top_k, args.top_p,
-                        args.temperature, args.seed)
-        get_logger().info(f"prompt: {prompt!r}\ncontinuation: {text!r}")
+        if args.chat:
+            get_logger().info(f"prompt: {prompt!r}\nanswer: {chat_answer(args, model, tokenizer, prompt)!r}")
+        else:
+            text = generate(model, tokenizer, prompt, args.max_new_tokens, args.top_k, args.top_p,
+                            args.temperature, args.seed)
+            get_logger().info(f"prompt: {prompt!r}\ncontinuation: {text!r}")
     return 0

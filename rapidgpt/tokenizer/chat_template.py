@@ -191,6 +191,16 @@ class ChatTemplate:
             self._end_of_turn = text[text.rindex(_SENTINEL) + len(_SENTINEL):] if _SENTINEL in text else ""
         return self._end_of_turn
 
+    def prompt_ids(self, tokenizer, user_text):
+        """The ids a model answering `user_text` is given: the user turn and the generation prompt."""
+        return tokenizer.text_to_ids(self.render([{"role": "user", "content": user_text}], add_generation_prompt=True))
+
+    def stop_sequences(self, tokenizer):
+        """The id sequences that end an answer: the end-of-turn text (without its trailing whitespace,
+        e.g. "<|im_end|>") and the end-of-document token."""
+        end = self.end_of_turn.rstrip()
+        return [tokenizer.text_to_ids(end)] * bool(end) + [[tokenizer.eod]]
+
     def answer_spans(self, messages, rendered):
         """[(start, end)] character spans of the assistant answers in `rendered` = render(messages)
         (module docstring); ValueError when the template writes turns in a way they cannot be found."""

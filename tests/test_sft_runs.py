@@ -48,12 +48,13 @@ def test_sft_layouts_print_the_single_process_run(sft_runs, layout):
     assert_same_weights(gathered_tensors(save), gathered_tensors(single_save), vocab_size)
 
 
-def test_sft_resumes_exactly_from_a_zero3_checkpoint(sft_runs, env, tmp_path):
-    """The DP=2 ZeRO-3 run's iteration-6 checkpoint, resumed in one process, prints the single-process
-    run's iterations 7..12 (the packed rows continue where they stopped)."""
+def test_sft_resumes_exactly_from_a_zero3_checkpoint_in_the_megatron_user_script(sft_runs, env, tmp_path):
+    """The DP=2 ZeRO-3 run's iteration-6 checkpoint, resumed in one process by
+    user_scripts/pretrain_gpt.py --sft (Megatron's pretrain_gpt.py), prints the black-box run's
+    iterations 7..12 (the packed rows continue where they stopped)."""
     _, save, _ = sft_runs(2, 1, *SFT, *LAYOUTS["dp2-zero3"][2:])
     reference, _, _ = sft_runs(1, 1, *SFT)
-    status, log = single(TINY + [*SFT, "--load", checkpoint_of(save, 6, tmp_path / "load"),
+    status, log = single(["--user-script", "user_scripts/pretrain_gpt.py", *TINY, *SFT, "--load", checkpoint_of(save, 6, tmp_path / "load"),
                                  "--tensorboard-dir", str(tmp_path / "tb")], env)
     assert status == 0, log[-3000:]
     assert_same_run(values(log, tmp_path / "tb"), reference[13:])    # iterations 7..12, the last 2 validations
